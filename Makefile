@@ -1,0 +1,32 @@
+# trialbox — `make demo` and `make test` are the whole quick start on a fresh Debian 12.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench lint typecheck system clean
+
+# Debian packages the sandbox needs (system python for the runtime, gcc for C/C++
+# programs, bubblewrap as the benchmark's baseline). Installed only when missing.
+system:
+	@bash scripts/setup-system.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: system $(STAMP)
+	$(VENV)/bin/trialbox demo
+
+test: system $(STAMP)
+	$(VENV)/bin/ruff check trialbox tests
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -q tests
+
+bench: system $(STAMP)
+	$(VENV)/bin/trialbox bench sandbox
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages trialbox needs, only those that are missing.
+#   python3  — the default sandbox runtime (/usr/bin/python3 + stdlib), never the venv
+#   gcc g++  — C/C++ programs compiled and run inside the sandbox
+#   bubblewrap — the isolation baseline `trialbox bench sandbox` measures against
+set -euo pipefail
+need=()
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -x /usr/bin/gcc ] || need+=(gcc)
+[ -x /usr/bin/g++ ] || need+=(g++)
+[ -x /usr/bin/bwrap ] || need+=(bubblewrap)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup-system: missing Debian packages: ${need[*]} — run as root or: sudo apt-get install ${need[*]}" >&2
+    exit 1
+  fi
+  echo "setup-system: installing ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi

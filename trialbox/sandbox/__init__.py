@@ -1,0 +1,81 @@
+"""Isolated execution of untrusted, model-written code, behind one small interface.
+
+    from trialbox.sandbox import open_sandbox, run, Limits
+
+    result = await run("print(1 + 1)")                    # one shot, Python
+    async with await open_sandbox(limits=Limits(wall_s=2)) as sb:   # a session
+        await sb.write_file("a.txt", b"kept across runs")
+        r1 = await sb.exec(["cat", "a.txt"])
+
+Tiers: `namespace` (the embedded default; see namespace.py, pool.py, zygote.py). The
+interface lives in base.py; `FakeSandbox` (fake.py) stands in for it in upper layers'
+tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+from collections.abc import Mapping, Sequence
+
+from trialbox.errors import UsageError
+from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.languages import LANGUAGES, language, run_code
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.pool import CellPool, PoolConfig
+from trialbox.types import ExecResult, ExecStatus, Limits
+
+__all__ = ["Sandbox", "NamespaceSandbox", "CellPool", "PoolConfig", "Limits", "ExecResult",
+           "ExecStatus", "LANGUAGES", "language", "run_code", "open_sandbox", "run",
+           "default_pool", "TIERS"]
+
+TIERS = ("namespace",)
+
+_pools: dict[asyncio.AbstractEventLoop, CellPool] = {}
+
+
+async def default_pool(config: PoolConfig | None = None) -> CellPool:
+    """The process's pool for the running event loop, started on first use and closed
+    at interpreter exit (pools bound to closed loops are closed on the next call)."""
+    loop = asyncio.get_running_loop()
+    for other, pool in list(_pools.items()):
+        if other.is_closed():
+            pool.close_sync()
+            del _pools[other]
+    pool = _pools.get(loop)
+    if pool is None or pool.closed:
+        pool = CellPool(config)
+        _pools[loop] = pool
+        await pool.start()
+    return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _pools.values():
+        pool.close_sync()
+    _pools.clear()
+
+
+async def open_sandbox(tier: str = "namespace", limits: Limits | None = None,
+                       pool: CellPool | None = None) -> Sandbox:
+    """Open a session in the given tier. Close it (or use `async with`) when done."""
+    if tier not in TIERS:
+        raise UsageError(f"unknown sandbox tier {tier!r}; available: {', '.join(TIERS)}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise UsageError(f"limits must be a trialbox.types.Limits, got {type(limits).__name__}")
+    return await NamespaceSandbox.open(pool or await default_pool(), limits)
+
+
+async def run(code: str | bytes, language: str = "python", *, stdin: bytes = b"",
+              args: Sequence[str] = (), limits: Limits | None = None,
+              files: Mapping[str, bytes] | None = None, tier: str = "namespace",
+              pool: CellPool | None = None) -> ExecResult:
+    """One-shot: open a session, write `files`, run `code`, close the session."""
+    sb = await open_sandbox(tier, limits, pool)
+    try:
+        for path, data in (files or {}).items():
+            await sb.write_file(path, data)
+        return await run_code(sb, code, language, stdin=stdin, args=args, limits=limits)
+    finally:
+        await sb.close()

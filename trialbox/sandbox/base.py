@@ -1,0 +1,58 @@
+"""The one interface every isolation tier implements, and the helpers built on it.
+
+A sandbox is a *session*: a private workspace that persists across runs (a multi-turn
+episode writes a file in one turn and runs it in the next), closed when the episode
+ends. Nothing persists between sessions.
+
+    async with open_sandbox(limits=Limits(wall_s=2)) as sb:
+        await sb.write_file("main.py", b"print(input()[::-1])")
+        result = await sb.exec(["python3", "main.py"], stdin=b"hello\\n")
+        assert result.stdout == b"olleh\\n"
+
+`run_code()` (one language-aware run in a session) and `run()` (one-shot: open, run,
+close) are plain functions over this interface, so they work on every tier and on the
+fake used by the layers above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from trialbox.types import ExecResult, Limits
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """A session in one isolation tier. Use it as an async context manager."""
+
+    tier: str
+    limits: Limits
+
+    async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
+                   limits: Limits | None = None, env: Mapping[str, str] | None = None,
+                   cwd: str = "/workspace") -> ExecResult:
+        """Run a command in the session's workspace. The candidate's outcome is in the
+        result's `status`; only misuse raises (UsageError) and only broken machinery
+        reports `infra`."""
+        ...
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        """Write a file into the workspace (relative path or under /workspace/)."""
+        ...
+
+    async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
+        """Read a workspace file; symbolic links are never followed."""
+        ...
+
+    async def list_files(self) -> list[str]:
+        """Every regular file in the workspace, relative paths, sorted."""
+        ...
+
+    async def close(self) -> None:
+        """End the session: kill anything left, delete the workspace. Idempotent."""
+        ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...

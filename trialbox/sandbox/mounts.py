@@ -1,0 +1,179 @@
+"""Host-side mount and file primitives for the namespace tier (Linux syscalls via ctypes).
+
+The supervisor (root, host namespaces) mounts one size-limited tmpfs per session, clones
+its `work`, `tmp` and `shm` directories as detached mount trees (`open_tree`) for each run,
+and reads and writes workspace files without ever following a link the candidate made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+
+from trialbox.errors import UsageError
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+MS_NOSUID, MS_NODEV = 2, 4
+MNT_DETACH = 2
+SYS_OPEN_TREE = 428
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+AT_FDCWD = -100
+
+
+def _err(what: str) -> OSError:
+    e = ctypes.get_errno()
+    return OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def mount_tmpfs(path: str, size_bytes: int, uid: int = 0, mode: int = 0o755) -> None:
+    opts = f"size={size_bytes},mode={mode:o},uid={uid},gid={uid}".encode()
+    if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        raise _err(f"mount tmpfs on {path}")
+
+
+def umount(path: str) -> None:
+    if _libc.umount2(path.encode(), MNT_DETACH) != 0:
+        e = ctypes.get_errno()
+        if e not in (errno.EINVAL, errno.ENOENT):
+            raise _err(f"umount {path}")
+
+
+def open_tree_clone(path: str) -> int:
+    """A detached copy of the mount at `path`, as an fd another mount namespace can attach."""
+    fd = int(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, path.encode(),
+                           OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC))
+    if fd < 0:
+        raise _err(f"open_tree {path}")
+    return fd
+
+
+def mounts_under(prefix: str) -> list[str]:
+    """Mount points at or below `prefix`, deepest first (the order to unmount them)."""
+    prefix = prefix.rstrip("/")
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp == prefix or mp.startswith(prefix + "/"):
+                found.append(mp)
+    return sorted(found, key=lambda p: p.count("/"), reverse=True)
+
+
+# ------------------------------------------------------------ workspace file access
+
+def _parts(path: str) -> list[str]:
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise UsageError(f"workspace path must be a non-empty string without NUL, got "
+                         f"{path!r}")
+    rel = path[len("/workspace/"):] if path.startswith("/workspace/") else path
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or ".." in parts or not parts:
+        raise UsageError(f"workspace path {path!r} must be relative to the workspace "
+                         "(or under /workspace/) and must not contain '..'")
+    return parts
+
+
+def _open_dir_chain(root: str, parts: list[str], create: bool, uid: int) -> int:
+    """Walk `parts` under `root` with O_NOFOLLOW at every step; return a dir fd."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                              os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                              os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UsageError(f"{part!r} in the workspace is not a directory "
+                                     "(links are never followed)") from e
+                raise
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_file(root: str, path: str, data: bytes, uid: int, mode: int = 0o644) -> None:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise UsageError(f"file data must be bytes, got {type(data).__name__}; encode text "
+                         "first (e.g. text.encode())")
+    parts = _parts(path)
+    dfd = _open_dir_chain(root, parts[:-1], True, uid)
+    try:
+        try:
+            os.unlink(parts[-1], dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError as e:
+            raise UsageError(f"{path!r} is a directory in the workspace") from e
+        fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                     os.O_CLOEXEC, mode, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fchown(fd, uid, uid)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def read_file(root: str, path: str, max_bytes: int) -> bytes:
+    parts = _parts(path)
+    dfd = _open_dir_chain(root, parts[:-1], False, 0)
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |
+                         os.O_CLOEXEC, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UsageError(f"{path!r} in the workspace is a symbolic link; links are "
+                                 "never followed") from e
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UsageError(f"{path!r} in the workspace is not a regular file")
+            if st.st_size > max_bytes:
+                raise UsageError(f"{path!r} is {st.st_size} bytes, above max_bytes="
+                                 f"{max_bytes}; raise max_bytes to read it")
+            chunks = []
+            while True:
+                b = os.read(fd, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def list_files(root: str) -> list[str]:
+    """Every regular file under `root`, relative, sorted (links are listed, not followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel = os.path.relpath(dirpath, root)
+        for name in filenames:
+            out.append(name if rel == "." else os.path.join(rel, name))
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+    return sorted(out)

@@ -1,0 +1,399 @@
+"""The `namespace` tier: the embedded default. Runs start from warm cells (see pool.py).
+
+Per session: a size-limited tmpfs on the host (`work/`, `tmp/`, `shm/`) owned by a uid
+of its own. Per run: a fresh cell whose candidate mounts those three directories
+(detached clones made with open_tree), drops to the session's uid inside a new user
+namespace, and runs. The supervisor (this module) feeds stdin, reads stdout/stderr up to
+the cap, enforces wall time and output size, and reads CPU and memory from the cell's
+cgroup; nothing the candidate says about itself is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import socket
+import struct
+import time
+from collections.abc import Mapping, Sequence
+
+from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
+from trialbox.sandbox import mounts
+from trialbox.sandbox.pool import Cell, CellPool, FdReader
+from trialbox.types import ExecResult, ExecStatus, Limits
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp", "USER": "sandbox", "LOGNAME": "sandbox",
+            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+MOUNT_TARGETS = ["/workspace", "/tmp", "/dev/shm"]
+SESSION_DIRS = ["work", "tmp", "shm"]
+SIGNALS_OF_TIMEOUT = (24,)  # SIGXCPU: RLIMIT_CPU ran out
+DISK_SLACK = 64 * 1024
+CPU_POLL_S = 0.1
+
+
+class NamespaceSandbox:
+    """A session in the namespace tier. Create with `await NamespaceSandbox.open(pool)`."""
+
+    tier = "namespace"
+
+    def __init__(self, pool: CellPool, limits: Limits):
+        self.pool = pool
+        self.limits = limits
+        self.uid = -1
+        self.dir = ""
+        self.closed = False
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, pool: CellPool, limits: Limits | None = None) -> NamespaceSandbox:
+        sb = cls(pool, limits or Limits())
+        sb._open_session()
+        return sb
+
+    def _open_session(self) -> None:
+        self.uid = self.pool.take_uid()
+        self.dir = os.path.join(self.pool.sessions_dir, f"u{self.uid}")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        try:
+            mounts.mount_tmpfs(self.dir, self.limits.disk_bytes, uid=0, mode=0o755)
+            for name in SESSION_DIRS:
+                p = os.path.join(self.dir, name)
+                os.mkdir(p, 0o700)
+                os.chown(p, self.uid, self.uid)
+        except OSError as e:
+            self._teardown()
+            raise SandboxStartError(f"could not create the session workspace: {e}") from e
+
+    @property
+    def workspace(self) -> str:
+        """Host path of the workspace (for the supervisor's own reads; never follow links)."""
+        return os.path.join(self.dir, "work")
+
+    async def __aenter__(self) -> NamespaceSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        async with self._lock:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        self.closed = True
+        if self.dir:
+            mounts.umount(self.dir)
+            try:
+                os.rmdir(self.dir)
+            except OSError:
+                pass
+        if self.uid >= 0:
+            self.pool.give_uid(self.uid)
+            self.uid = -1
+
+    # ------------------------------------------------------------------ files
+    def _check_open(self) -> None:
+        if self.closed:
+            raise UsageError("this sandbox session is closed; open a new one")
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        self._check_open()
+        try:
+            mounts.write_file(self.workspace, path, data, self.uid, mode)
+        except OSError as e:
+            if e.errno == 28:  # ENOSPC
+                raise UsageError(f"writing {path!r} ({len(data)} bytes) overflows the "
+                                 f"workspace (Limits.disk_mb={self.limits.disk_mb}); raise "
+                                 "disk_mb or write less") from e
+            raise
+
+    async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
+        self._check_open()
+        try:
+            return mounts.read_file(self.workspace, path, max_bytes)
+        except FileNotFoundError as e:
+            raise UsageError(f"no file {path!r} in the workspace") from e
+
+    async def list_files(self) -> list[str]:
+        self._check_open()
+        return mounts.list_files(self.workspace)
+
+    # ------------------------------------------------------------------ runs
+    async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
+                   limits: Limits | None = None, env: Mapping[str, str] | None = None,
+                   cwd: str = "/workspace") -> ExecResult:
+        self._check_open()
+        limits = limits or self.limits
+        spec = self._spec(argv, env, cwd, limits)
+        if not isinstance(stdin, (bytes, bytearray, memoryview)):
+            raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
+        async with self._lock:
+            self._check_open()
+            try:
+                cell = await self.pool.acquire(limits.network)
+            except (SandboxStartError, ZygoteDied) as e:
+                return self._infra(f"no sandbox could be started: {e}")
+            try:
+                return await _Run(self, cell, spec, bytes(stdin), limits).run()
+            finally:
+                self.pool.done_with(cell)
+
+    def _infra(self, message: str) -> ExecResult:
+        return ExecResult(status=ExecStatus.INFRA, message=message,
+                          runtime=self.pool.runtime.name, tier=self.tier)
+
+    def _spec(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
+              limits: Limits) -> dict[str, object]:
+        if isinstance(argv, (str, bytes)) or not argv:
+            raise UsageError("argv must be a non-empty list of strings, e.g. "
+                             "['python3', 'main.py']")
+        for a in argv:
+            if not isinstance(a, str) or "\x00" in a:
+                raise UsageError(f"every argv item must be a str without NUL, got {a!r}")
+        run_env = dict(BASE_ENV)
+        for k, v in (env or {}).items():
+            if (not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k
+                    or "\x00" in k + v):
+                raise UsageError(f"env entries must be str -> str, keys without '=' or "
+                                 f"NUL; got {k!r}: {v!r}")
+            run_env[k] = v
+        if not isinstance(cwd, str) or not (cwd == "/workspace"
+                                            or cwd.startswith("/workspace/")
+                                            or cwd == "/tmp"):
+            raise UsageError(f"cwd must be /workspace, a directory under it, or /tmp; got "
+                             f"{cwd!r}")
+        mode, path = self._resolve(list(argv), run_env["PATH"], cwd)
+        cpu = max(1, math.ceil(limits.cpu_s))
+        return {
+            "mode": mode, "argv": list(argv), "path": path, "env": run_env, "cwd": cwd,
+            "uid": self.uid, "mounts": MOUNT_TARGETS,
+            "rlimits": {"RLIMIT_NOFILE": [limits.open_files, limits.open_files],
+                        "RLIMIT_CPU": [cpu, cpu + 1],
+                        "RLIMIT_CORE": [0, 0],
+                        "RLIMIT_FSIZE": [limits.disk_bytes, limits.disk_bytes]},
+        }
+
+    def _resolve(self, argv: list[str], path_var: str, cwd: str) -> tuple[str, str]:
+        """("python", interpreter) for Python scripts (run warm), else ("exec", path).
+
+        Raises UsageError when the command cannot exist in the sandbox view.
+        """
+        prog = argv[0]
+        python_names = {"python", "python3", self.pool.runtime.python,
+                        os.path.realpath(self.pool.runtime.python)}
+        if prog in python_names and len(argv) >= 2 and (
+                argv[1] == "-c" and len(argv) >= 3 or not argv[1].startswith("-")):
+            return "python", self.pool.runtime.python
+        if "/" in prog:
+            if prog.startswith("/"):
+                if prog.startswith("/workspace/") or prog.startswith("/tmp/"):
+                    return "exec", prog
+                if not os.path.exists(prog) or not prog.startswith("/usr/"):
+                    if not any(prog.startswith(p) for p in ("/bin/", "/sbin/", "/lib")):
+                        raise UsageError(f"command {prog!r} does not exist in the sandbox "
+                                         "runtime (only /usr and the workspace are visible)")
+                    if not os.path.exists(prog):
+                        raise UsageError(f"command {prog!r} does not exist in the sandbox "
+                                         "runtime")
+            return "exec", prog
+        for d in path_var.split(":"):
+            if d.startswith("/usr/") or d in ("/bin", "/sbin"):
+                cand = os.path.join(d, prog)
+                if os.path.isfile(cand) and os.access(cand, os.X_OK):
+                    return "exec", cand
+        raise UsageError(f"command {prog!r} not found on the sandbox PATH ({path_var}); "
+                         "give an absolute path or install it in the runtime")
+
+
+class _Run:
+    """One run in one cell: feed, read, time, kill, measure, classify."""
+
+    def __init__(self, sb: NamespaceSandbox, cell: Cell, spec: dict[str, object],
+                 stdin: bytes, limits: Limits):
+        self.sb, self.cell, self.spec, self.stdin, self.limits = sb, cell, spec, stdin, limits
+        self.pool = sb.pool
+        self.loop = self.pool.loop
+        self.kill_reason: ExecStatus | None = None
+        self.kill_message = ""
+        self.t_go = 0.0
+        self.t_exit: float | None = None
+        self.started = False
+        self.wait_status: int | None = None
+        self.readers: list[FdReader] = []
+
+    def kill(self, reason: ExecStatus, message: str) -> None:
+        if self.kill_reason is None and self.wait_status is None:
+            self.kill_reason, self.kill_message = reason, message
+            self.t_exit = time.monotonic()
+        try:
+            self.cell.kill()
+        except ZygoteDied:
+            self.pool.cgroups.kill_all(self.cell.rel)
+
+    def _on_status(self, cell: Cell) -> None:
+        """Parse the cell's status records: R(eady) S(tarted) X(exit)+int32 E(rror)+text."""
+        assert cell.status is not None
+        buf, i = bytes(cell.status.buf), 0
+        while i < len(buf):
+            tag = buf[i:i + 1]
+            if tag == b"X":
+                if len(buf) < i + 5:
+                    return
+                if self.wait_status is None:
+                    self.wait_status = struct.unpack("<i", buf[i + 1:i + 5])[0]
+                    if self.t_exit is None:
+                        self.t_exit = time.monotonic()
+                i += 5
+            elif tag == b"S":
+                self.started = True
+                i += 1
+            elif tag == b"R":
+                i += 1
+            else:  # E + text, or garbage: either way the machinery failed
+                text = buf[i + 1:] if tag == b"E" else buf[i:i + 32]
+                cell.error = text.decode(errors="replace")
+                return
+
+    def _on_output(self, reader: FdReader) -> None:
+        if reader.total > self.limits.output_bytes:
+            self.kill(ExecStatus.OUTPUT, f"output passed Limits.output_bytes="
+                                         f"{self.limits.output_bytes}")
+
+    async def run(self) -> ExecResult:
+        cell, limits = self.cell, self.limits
+        if cell.limits != limits:
+            self.pool.cgroups.set_limits(cell.rel, limits)
+            cell.limits = limits
+        stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+        fds: list[int] = [stdin_fd]
+        try:
+            os.write(stdin_fd, self.stdin) if self.stdin else None
+            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+            fds += [out_w, err_w]
+            for name in SESSION_DIRS:
+                fds.append(mounts.open_tree_clone(os.path.join(self.sb.dir, name)))
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            return self.sb._infra(f"could not prepare the run: {e}")
+        cell.on_status = self._on_status
+        self._on_status(cell)
+        cap = limits.output_bytes
+        self.readers = [FdReader(self.loop, out_r, cap, self._on_output),
+                        FdReader(self.loop, err_r, cap, self._on_output)]
+        self.t_go = time.monotonic()
+        try:
+            assert cell.go is not None
+            socket.send_fds(cell.go, [json.dumps(self.spec).encode()], fds)
+        except OSError as e:
+            self.kill(ExecStatus.INFRA, f"could not start the run: {e}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert cell.status is not None
+        waits = [cell.status.done] + [r.done for r in self.readers]
+        cpu_task = self.loop.create_task(self._watch_cpu())
+        try:
+            done, _ = await asyncio.wait(waits, timeout=limits.wall_s)
+            if len(done) < len(waits):
+                if self.wait_status is None:
+                    self.kill(ExecStatus.TIMEOUT, f"wall time passed Limits.wall_s="
+                                                  f"{limits.wall_s}")
+                else:  # the program exited; leftovers are killed with its namespace
+                    self.kill(ExecStatus.OK, "")
+                done, _ = await asyncio.wait(waits, timeout=10)
+                if len(done) < len(waits):
+                    self.pool.cgroups.kill_all(cell.rel)
+                    for r in self.readers:
+                        r.close()
+                    cell.status.close()
+                    return self.sb._infra("the sandbox did not terminate after being "
+                                          "killed")
+        finally:
+            cpu_task.cancel()
+        return self._result()
+
+    async def _watch_cpu(self) -> None:
+        """RLIMIT_CPU is per process; the cgroup's total catches a run split over many."""
+        limit_ns = self.limits.cpu_s * 1e9
+        while True:
+            await asyncio.sleep(CPU_POLL_S)
+            try:
+                cpu_ns = self.pool.cgroups.stats(self.cell.rel).cpu_ns
+            except OSError:
+                return
+            if cpu_ns > limit_ns:
+                self.kill(ExecStatus.TIMEOUT, f"CPU time passed Limits.cpu_s="
+                                              f"{self.limits.cpu_s}")
+                return
+
+    def _result(self) -> ExecResult:
+        end = self.t_exit if self.t_exit is not None else time.monotonic()
+        wall_ms = (end - self.t_go) * 1e3
+        try:
+            stats = self.pool.cgroups.stats(self.cell.rel)
+        except OSError:
+            stats = None
+        out, err = self.readers
+        common = dict(
+            stdout=bytes(out.buf), stderr=bytes(err.buf),
+            truncated=out.total > len(out.buf) or err.total > len(err.buf),
+            wall_ms=round(wall_ms, 3),
+            cpu_ms=round(stats.cpu_ns / 1e6, 3) if stats else 0.0,
+            peak_memory_bytes=stats.peak_bytes if stats else 0,
+            runtime=self.pool.runtime.name, tier=self.sb.tier)
+        status, code, sig, message = self._classify(stats.oom_kills if stats else 0,
+                                                    stats.cpu_ns if stats else 0)
+        return ExecResult(status=status, exit_code=code, signal=sig, message=message,
+                          **common)  # type: ignore[arg-type]
+
+    def _classify(self, oom_kills: int, cpu_ns: int
+                  ) -> tuple[ExecStatus, int | None, int | None, str]:
+        if not self.started:
+            cause = self.cell.error or (self.kill_message if self.kill_reason else "") \
+                or "the sandbox failed before the program started"
+            return ExecStatus.INFRA, None, None, f"sandbox setup failed: {cause}"
+        reason = self.kill_reason
+        if reason in (ExecStatus.TIMEOUT, ExecStatus.OUTPUT, ExecStatus.INFRA):
+            return reason, None, 9, self.kill_message  # type: ignore[return-value]
+        st = self.wait_status
+        if st is None:
+            return (ExecStatus.INFRA, None, None,
+                    "the sandbox's init exited without reporting the program's status")
+        if os.WIFSIGNALED(st):
+            sig = os.WTERMSIG(st)
+            if oom_kills:
+                return (ExecStatus.MEMORY, None, sig,
+                        f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+            if sig in SIGNALS_OF_TIMEOUT or (sig == 9 and cpu_ns >= self.limits.cpu_s * 1e9):
+                return (ExecStatus.TIMEOUT, None, sig,
+                        f"CPU time passed Limits.cpu_s={self.limits.cpu_s}")
+            if sig == 25:  # SIGXFSZ
+                return ExecStatus.DISK, None, sig, "file size passed Limits.disk_mb"
+            return ExecStatus.SIGNAL, None, sig, f"killed by signal {sig}"
+        code = os.WEXITSTATUS(st)
+        if code == 0:
+            note = "a process of the run was OOM-killed" if oom_kills else ""
+            return ExecStatus.OK, 0, None, note
+        if oom_kills:
+            return (ExecStatus.MEMORY, code, None,
+                    f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+        if self._disk_full():
+            return (ExecStatus.DISK, code, None,
+                    f"workspace full (Limits.disk_mb={self.limits.disk_mb})")
+        return ExecStatus.EXIT, code, None, f"exit status {code}"
+
+    def _disk_full(self) -> bool:
+        try:
+            st = os.statvfs(self.sb.dir)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < DISK_SLACK

@@ -1,0 +1,605 @@
+"""The warm pool: one zygote per pool and a set of cells prepared before they are needed.
+
+A *cell* is a single-use sandbox process tree (see `zygote.py`): fresh namespaces, its own
+cgroup, the read-only root already built, the candidate-to-be waiting for its command.
+The pool keeps `PoolConfig.warm` cells ready, grows towards the recent peak of runs in
+flight (up to `max_warm`) and shrinks back when demand falls. Every cell is used by at
+most one run and then destroyed; nothing a run leaves behind reaches the next one.
+
+Everything the pool creates on the host lives under names that carry the owner's pid and
+start time (`/run/trialbox/<pid>-<start>/…`, `<cgroup>/trialbox/<pid>-<start>/…`), so a
+new pool can tell what a dead one left behind and reap it: processes, cgroups, mounts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
+from trialbox.sandbox import mounts
+from trialbox.sandbox.cgroups import CgroupDriver
+from trialbox.sandbox.seccomp import build_filter
+from trialbox.types import Limits, Runtime
+
+log = logging.getLogger("trialbox.sandbox.pool")
+
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """How many cells to keep warm and where the pool keeps its state on the host."""
+
+    warm: int = 4
+    """Cells kept ready when idle."""
+    max_warm: int = 32
+    """Upper bound on ready cells when demand is high."""
+    max_warming: int = 4
+    """Cells being prepared at the same time (each costs ~3 ms of CPU)."""
+    shrink_after_s: float = 10.0
+    """How long a peak in demand keeps the pool large before it shrinks back."""
+    state_dir: str = "/run/trialbox"
+    """Host directory for session tmpfs mounts and the read-only root template."""
+    python: str = "/usr/bin/python3"
+    """The runtime's interpreter: runs the zygote, so sandboxed Python starts warm."""
+    uid_base: int = 1_000_000
+    """First host uid handed to sessions (unprivileged, owns nothing on the host)."""
+    uid_count: int = 65_536
+    """How many uids the pool cycles through; each open session holds one."""
+    preload: tuple[str, ...] = ("traceback", "linecache", "collections", "functools",
+                                "itertools", "math", "re", "typing", "heapq", "bisect",
+                                "string", "dataclasses", "fractions", "decimal")
+    """Stdlib modules the zygote imports once so sandboxed programs find them loaded."""
+    default_limits: Limits = field(default_factory=Limits)
+    """Limits cells are prepared with; a run with other limits rewrites them at start."""
+
+    def __post_init__(self) -> None:
+        from trialbox.errors import UsageError
+        if not 0 <= self.warm <= self.max_warm:
+            raise UsageError(f"PoolConfig: need 0 <= warm ({self.warm}) <= max_warm "
+                             f"({self.max_warm})")
+        if self.max_warming < 1:
+            raise UsageError("PoolConfig.max_warming must be at least 1")
+        if self.uid_base < 65_536 or self.uid_count < 1:
+            raise UsageError("PoolConfig.uid_base must be >= 65536 (above every real "
+                             "user) and uid_count >= 1")
+
+
+def _proc_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_id(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_proc_start(pid)}"
+
+
+def _owner_alive(name: str) -> bool:
+    pid_s, _, start = name.partition("-")
+    if not pid_s.isdigit():
+        return True  # not ours: leave it alone
+    return _proc_start(int(pid_s)) == start
+
+
+def reap_orphans(state_dir: str, driver: CgroupDriver) -> dict[str, int]:
+    """Remove what dead pools left: processes in their cgroups, the cgroups, mounts."""
+    counts = {"processes": 0, "cgroups": 0, "mounts": 0}
+    if os.path.isdir(state_dir):
+        for name in os.listdir(state_dir):
+            if _owner_alive(name):
+                continue
+            path = os.path.join(state_dir, name)
+            for mp in mounts.mounts_under(path):
+                mounts.umount(mp)
+                counts["mounts"] += 1
+            shutil.rmtree(path, ignore_errors=True)
+    for top in driver.dirs("trialbox"):
+        if not os.path.isdir(top):
+            continue
+        for name in os.listdir(top):
+            if not os.path.isdir(os.path.join(top, name)) or _owner_alive(name):
+                continue
+            rel = f"trialbox/{name}"
+            for _ in range(50):
+                pids = [p for d in _cell_dirs(top, name) for p in _cg_pids(d)]
+                if not pids:
+                    break
+                counts["processes"] += len(pids)
+                for pid in pids:
+                    try:
+                        os.kill(pid, 9)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.02)
+            if driver.remove(rel):
+                counts["cgroups"] += 1
+    return counts
+
+
+def _cell_dirs(top: str, name: str) -> list[str]:
+    base = os.path.join(top, name)
+    return [base] + [os.path.join(base, c) for c in os.listdir(base)
+                     if os.path.isdir(os.path.join(base, c))]
+
+
+def _cg_pids(d: str) -> list[int]:
+    try:
+        with open(os.path.join(d, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def system_runtime(python: str = "/usr/bin/python3") -> Runtime:
+    real = os.path.realpath(python)
+    if not os.path.isfile(real):
+        raise SandboxUnavailable(f"runtime interpreter {python} not found; install python3 "
+                                 "(apt-get install python3) or declare another runtime")
+    h = hashlib.sha256()
+    with open(real, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    out = subprocess.run([real, "-I", "-S", "-c",
+                          "import sys;print('%d.%d.%d'%sys.version_info[:3])"],
+                         capture_output=True, text=True, env={}, timeout=30)
+    version = out.stdout.strip()
+    major_minor = ".".join(version.split(".")[:2])
+    return Runtime(name=f"python{major_minor}-system", python=python, version=version,
+                   digest=h.hexdigest())
+
+
+# ------------------------------------------------------------------ fd readers
+
+class FdReader:
+    """Reads a pipe on the event loop; keeps the first `cap` bytes and counts the rest."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
+                 on_data: Callable[[FdReader], None] | None = None):
+        self.loop, self.fd, self.cap, self.on_data = loop, fd, cap, on_data
+        self.buf = bytearray()
+        self.total = 0
+        self.done: asyncio.Future[None] = loop.create_future()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return
+        self.total += len(data)
+        room = self.cap - len(self.buf)
+        if room > 0:
+            self.buf += data[:room]
+        if self.on_data is not None:
+            self.on_data(self)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+# ------------------------------------------------------------------ cells
+
+class Cell:
+    """One prepared, single-use sandbox process tree (see zygote.py)."""
+
+    def __init__(self, pool: CellPool, cid: str, net: bool, limits: Limits):
+        self.pool, self.id, self.net, self.limits = pool, cid, net, limits
+        self.rel = f"trialbox/{pool.id}/{cid}"
+        self.go: socket.socket | None = None
+        self.status: FdReader | None = None
+        self.ready: asyncio.Future[None] = pool.loop.create_future()
+        # A cell that dies while nobody awaits it is normal (pool shutdown, discard).
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.on_status: Callable[[Cell], None] | None = None
+        self.error = ""
+
+    def _status_data(self, reader: FdReader) -> None:
+        buf = bytes(reader.buf)
+        if buf.startswith(b"E") or (b"R" not in buf[:1] and buf):
+            self.error = buf[1:].decode(errors="replace") if buf.startswith(b"E") else \
+                f"unexpected status bytes {buf[:16]!r}"
+        if not self.ready.done():
+            if buf.startswith(b"R"):
+                self.ready.set_result(None)
+            elif self.error:
+                self.ready.set_exception(SandboxStartError(f"cell {self.id}: {self.error}"))
+        if self.on_status is not None:
+            self.on_status(self)
+
+    def _status_eof(self, _f: asyncio.Future[None]) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(SandboxStartError(
+                f"cell {self.id} died while being prepared: "
+                f"{self.error or self.pool.zygote_log_tail()}"))
+        if self.on_status is not None:
+            self.on_status(self)
+
+    def kill(self) -> None:
+        self.pool.send_zygote({"op": "kill", "cell": self.id})
+
+    def discard(self) -> None:
+        """Close an unused cell: its candidate sees EOF on its socket and exits."""
+        if self.go is not None:
+            self.go.close()
+            self.go = None
+        self.kill()
+        self.pool.forget(self)
+
+
+class CellPool:
+    """A zygote and its warm cells; bound to the event loop it was started on."""
+
+    def __init__(self, config: PoolConfig | None = None):
+        self.config = config or PoolConfig()
+        self.id = owner_id()
+        self.dir = os.path.join(self.config.state_dir, self.id)
+        self.root = os.path.join(self.dir, "root")
+        self.sessions_dir = os.path.join(self.dir, "s")
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.cgroups: CgroupDriver = None  # type: ignore[assignment]
+        self.runtime: Runtime = None  # type: ignore[assignment]
+        self._zproc: subprocess.Popen[bytes] | None = None
+        self._ctl: socket.socket | None = None
+        self._ready: deque[Cell] = deque()
+        self._warming = 0
+        self._seq = 0
+        self._in_use = 0
+        self._peak_value, self._peak_at = 0, 0.0
+        self._live: dict[str, Cell] = {}
+        self._failures = 0
+        self._uids_in_use: set[int] = set()
+        self._uid_next = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._janitor = ThreadPoolExecutor(1, thread_name_prefix="trialbox-cgroups")
+        self.closed = False
+        self.started = False
+        self.reaped: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> CellPool:
+        self.loop = asyncio.get_running_loop()
+        self._start_sync()
+        self._refill()
+        return self
+
+    def _start_sync(self) -> None:
+        if os.geteuid() != 0:
+            raise SandboxUnavailable(
+                "the namespace tier needs root (it creates namespaces, cgroups and mounts "
+                "for each sandbox); run as root, e.g. `sudo make test`")
+        if sys.platform != "linux":
+            raise SandboxUnavailable("the namespace tier needs Linux")
+        self.cgroups = CgroupDriver.detect()
+        self.runtime = system_runtime(self.config.python)
+        self.reaped = reap_orphans(self.config.state_dir, self.cgroups)
+        if any(self.reaped.values()):
+            log.warning("reaped what dead pools left behind: %s", self.reaped)
+        os.makedirs(self.sessions_dir, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        _build_root_template(self.root)
+        self._spawn_zygote()
+        self.started = True
+
+    def _spawn_zygote(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        logf = open(os.path.join(self.dir, "zygote.log"), "ab")
+        try:
+            self._zproc = subprocess.Popen(
+                [self.config.python, "-I", "-B", ZYGOTE],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
+                pass_fds=[child.fileno()], cwd=self.dir, close_fds=True,
+                env={"LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin",
+                     "TRIALBOX_CTL_FD": str(child.fileno())})
+        finally:
+            logf.close()
+            child.close()
+        self._ctl = parent
+        ro_binds = [["/usr", "/usr"], ["/etc/alternatives", "/etc/alternatives"]]
+        for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
+            if os.path.isdir(top) and not os.path.islink(top):
+                ro_binds.append([top, top])
+        dev_binds = [[f"/dev/{n}", f"/dev/{n}"] for n in DEV_NODES]
+        config = {"op": "config", "root": self.root, "ro_binds": ro_binds,
+                  "dev_binds": dev_binds, "hostname": "sandbox",
+                  "seccomp": build_filter().hex(), "preload": list(self.config.preload)}
+        import json
+        parent.sendmsg([json.dumps(config).encode()])
+        parent.settimeout(30)
+        try:
+            hello = parent.recv(4096)
+        except OSError as e:
+            raise ZygoteDied(f"zygote did not answer: {e}; {self.zygote_log_tail()}") from e
+        if not hello:
+            raise ZygoteDied(f"zygote exited at start: {self.zygote_log_tail()}")
+        parent.settimeout(None)
+        parent.setblocking(True)
+
+    def zygote_log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "zygote.log"), "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 2000))
+                tail = f.read().decode(errors="replace").strip()
+        except OSError:
+            return "(no zygote log)"
+        return tail[-800:] or "(zygote log empty)"
+
+    def send_zygote(self, msg: dict[str, object], fds: list[int] | None = None) -> None:
+        import json
+        if self._ctl is None or self.closed:
+            raise ZygoteDied("the pool is closed")
+        try:
+            if fds:
+                socket.send_fds(self._ctl, [json.dumps(msg).encode()], fds)
+            else:
+                self._ctl.sendmsg([json.dumps(msg).encode()])
+        except OSError as e:
+            raise ZygoteDied(f"zygote is gone ({e}); {self.zygote_log_tail()}") from e
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.close_sync()
+
+    def close_sync(self) -> None:
+        """Tear everything down: cells, zygote, cgroups, session mounts, state dir."""
+        if self.closed:
+            return
+        self.closed = True
+        while self._ready:
+            cell = self._ready.popleft()
+            if cell.go is not None:
+                cell.go.close()
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._zproc is not None:
+            try:
+                self._zproc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zproc.kill()
+                self._zproc.wait()
+        for cell in list(self._live.values()):
+            if cell.status is not None and self.loop is not None and not self.loop.is_closed():
+                try:
+                    cell.status.close()
+                except Exception:  # the loop may already be gone
+                    pass
+        self._janitor.shutdown(wait=True)
+        if self.cgroups is not None:
+            top = f"trialbox/{self.id}"
+            for _ in range(100):
+                self.cgroups.kill_all(top)
+                for d in self.cgroups.dirs(top):
+                    if os.path.isdir(d):
+                        for c in os.listdir(d):
+                            if os.path.isdir(os.path.join(d, c)):
+                                self.cgroups.kill_all(f"{top}/{c}")
+                if self.cgroups.remove(top):
+                    break
+                time.sleep(0.02)
+        for mp in mounts.mounts_under(self.dir):
+            mounts.umount(mp)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- uids
+    def take_uid(self) -> int:
+        for _ in range(self.config.uid_count):
+            uid = self.config.uid_base + self._uid_next
+            self._uid_next = (self._uid_next + 1) % self.config.uid_count
+            if uid not in self._uids_in_use:
+                self._uids_in_use.add(uid)
+                return uid
+        raise SandboxStartError("every sandbox uid of the pool is in use; raise "
+                                "PoolConfig.uid_count")
+
+    def give_uid(self, uid: int) -> None:
+        self._uids_in_use.discard(uid)
+
+    # ---------------------------------------------------------------- cells
+    async def _make_cell(self, net: bool) -> Cell:
+        if self.closed:
+            raise ZygoteDied("the pool is closed")
+        self._seq += 1
+        cell = Cell(self, f"c{self._seq}", net, self.config.default_limits)
+        procs = await self.loop.run_in_executor(self._janitor, self.cgroups.create,
+                                                cell.rel, cell.limits)
+        cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs]
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        go_parent, go_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cell.go = go_parent
+        self._live[cell.id] = cell
+        try:
+            cell.status = FdReader(self.loop, status_r, 4096, cell._status_data)
+            cell.status.done.add_done_callback(cell._status_eof)
+            self.send_zygote({"op": "warm", "cell": cell.id, "net": net},
+                             [status_w, go_child.fileno(), *cg_fds])
+        except BaseException:
+            self.release(cell)
+            raise
+        finally:
+            os.close(status_w)
+            go_child.close()
+            for fd in cg_fds:
+                os.close(fd)
+        try:
+            await asyncio.wait_for(asyncio.shield(cell.ready), 30)
+        except BaseException:
+            cell.discard()
+            self.release(cell)
+            raise
+        return cell
+
+    async def acquire(self, net: bool = False) -> Cell:
+        """A ready cell (warm if one is waiting, prepared now otherwise)."""
+        if self.closed:
+            raise ZygoteDied("the pool is closed")
+        self._in_use += 1
+        self._note_demand()
+        try:
+            if not net:
+                while self._ready:
+                    cell = self._ready.popleft()
+                    if cell.status is not None and not cell.status.done.done():
+                        self._refill()
+                        return cell
+                    self.release(cell)
+            self._refill()
+            return await self._make_cell(net)
+        except BaseException:
+            self._in_use -= 1
+            raise
+
+    def done_with(self, cell: Cell) -> None:
+        """A run finished with this cell: destroy it and keep the pool at its target."""
+        self._in_use -= 1
+        self.release(cell)
+        self._refill()
+
+    def release(self, cell: Cell) -> None:
+        if cell.go is not None:
+            cell.go.close()
+            cell.go = None
+        if cell.status is not None and cell.status.fd >= 0:
+            cell.status.close()
+        self.forget(cell)
+        # rmdir of a cgroup whose tasks just exited waits on the kernel (1-12 ms here):
+        # never on the event loop.
+        self._janitor.submit(self._remove_cgroup, cell.rel)
+
+    def _remove_cgroup(self, rel: str) -> None:
+        for attempt in range(200):
+            if self.cgroups.remove(rel):
+                return
+            self.cgroups.kill_all(rel)
+            time.sleep(0.005 * min(attempt + 1, 20))
+        log.warning("cgroup %s could not be removed; the next pool start reaps it", rel)
+
+    def forget(self, cell: Cell) -> None:
+        self._live.pop(cell.id, None)
+
+    def _note_demand(self) -> None:
+        """Remember the highest number of runs in flight over the last shrink window."""
+        now = time.monotonic()
+        if self._in_use >= self._peak_value or now - self._peak_at > self.config.shrink_after_s:
+            self._peak_value, self._peak_at = self._in_use, now
+
+    def target(self) -> int:
+        """Ready cells wanted now: the configured floor, or the recent peak in flight."""
+        self._note_demand()
+        return min(self.config.max_warm, max(self.config.warm, self._peak_value))
+
+    @property
+    def ready_count(self) -> int:
+        return len(self._ready)
+
+    def _refill(self) -> None:
+        if self.closed:
+            return
+        target = self.target()
+        while len(self._ready) > target:
+            self._ready.pop().discard()
+        if self._failures >= 3:
+            return
+        while (len(self._ready) + self._warming < target
+               and self._warming < self.config.max_warming):
+            self._warming += 1
+            task = self.loop.create_task(self._warm_one())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _warm_one(self) -> None:
+        try:
+            cell = await self._make_cell(False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._failures += 1
+            log.warning("could not warm a cell (%d in a row): %s", self._failures, e)
+            return
+        finally:
+            self._warming -= 1
+        self._failures = 0
+        if self.closed:
+            cell.discard()
+            return
+        self._ready.append(cell)
+        self._refill()
+
+
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+
+PASSWD = """root:x:0:0:root:/root:/usr/sbin/nologin
+sandbox:x:1000:1000:sandbox:/workspace:/bin/sh
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
+"""
+GROUP = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"
+
+
+def _build_root_template(root: str) -> None:
+    """The skeleton each cell binds read-only as `/`: mount points, a few /etc files.
+
+    Only the declared runtime (/usr, plus /etc/alternatives and the loader cache that
+    programs under /usr need) is bound in; nothing else of the host is visible.
+    """
+    for d in ("usr", "etc", "dev", "dev/shm", "proc", "tmp", "workspace", "etc/alternatives"):
+        os.makedirs(os.path.join(root, d), mode=0o755, exist_ok=True)
+    for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+        host = "/" + top
+        target = os.path.join(root, top)
+        if os.path.islink(host):
+            if not os.path.lexists(target):
+                os.symlink(os.readlink(host), target)
+        elif os.path.isdir(host):
+            os.makedirs(target, exist_ok=True)
+    files = {
+        "etc/passwd": PASSWD, "etc/group": GROUP, "etc/hostname": "sandbox\n",
+        "etc/hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+        "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+        "etc/resolv.conf": "",
+    }
+    for rel, text in files.items():
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(text)
+    for rel in ("etc/ld.so.cache", "etc/ld.so.conf"):
+        if os.path.isfile("/" + rel):
+            shutil.copyfile("/" + rel, os.path.join(root, rel))
+    if not os.path.lexists(os.path.join(root, "etc/localtime")):
+        os.symlink("/usr/share/zoneinfo/Etc/UTC", os.path.join(root, "etc/localtime"))
+    for n in DEV_NODES:
+        open(os.path.join(root, "dev", n), "a").close()
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        p = os.path.join(root, "dev", name)
+        if not os.path.lexists(p):
+            os.symlink(target, p)
+    os.chmod(os.path.join(root, "tmp"), 0o1777)

@@ -1,0 +1,480 @@
+"""The warm zygote: a fork server run as `/usr/bin/python3 -I zygote.py` (the sandbox's
+own interpreter, never the project's venv), started by `trialbox.sandbox.pool`.
+
+This file is deliberately standalone: it imports nothing from trialbox and holds no
+secrets and none of the project's state (its environment is cleared, its only open fd
+besides stdio is the control socket). The supervisor sends it a config once, then asks
+it to *warm* cells and to *kill* them.
+
+A cell is two processes, prepared before any run needs them:
+
+    zygote (root, host namespaces)
+      └─ B  pid 1 of a new pid namespace (forked straight into it): unshares mount/ipc/
+          │  uts/net namespaces, builds the read-only root (binds of the declared
+          │  runtime, /dev nodes, /proc), pivots into it, reaps, and reports C's exit
+          │  status; when B exits the kernel kills every process left in the namespace
+          │  (no daemon survives a run). Killing B is how a run is stopped.
+          └─ C  the candidate-to-be: joins the cell's cgroups, says ready, waits.
+
+On *go* (sent by the supervisor straight to C over the cell's socket) C mounts the
+session's workspace, /tmp and /dev/shm (detached mount trees cloned by the supervisor
+with open_tree), drops to the session's unprivileged uid, enters a fresh user namespace
+(uid 1000 inside), drops every capability, sets rlimits and no_new_privs, loads the
+seccomp filter, says started, and then either execs the command or — for Python
+scripts — runs the script in this already-initialised interpreter, which is what makes
+a run start in about a millisecond instead of ten.
+
+The status pipe (one per cell, read by the supervisor) carries one-byte records:
+`R` ready, `S` started (all isolation applied; nothing before it is the candidate's),
+`X` + int32 wait status of C (written by B), `E` + text when setting up failed.
+"""
+
+import array
+import atexit
+import builtins
+import ctypes
+import errno
+import fcntl
+import gc
+import json
+import os
+import resource
+import signal
+import socket
+import struct
+import sys
+import types
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                       ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.unshare.argtypes = [ctypes.c_int]
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                       ctypes.c_ulong]
+libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+SECCOMP_MODE_FILTER = 2
+SYS_PIVOT_ROOT, SYS_CAPSET, SYS_MOVE_MOUNT = 155, 126, 429
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+MAX_FDS = 16
+INNER_UID = 1000
+
+CONFIG: dict = {}
+ZYGOTE_PID = os.getpid()
+PIDNS_FD = -1  # our own pid namespace, to return to after each cell's fork
+SECCOMP_PROG = None  # (buffer, sock_fprog) kept alive for the process's life
+CELLS: dict = {}  # cell id -> pid of A
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _check(ret, what):
+    if ret < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+    return ret
+
+
+def mount(src, target, fstype, flags, data=None):
+    enc = (lambda s: s.encode() if isinstance(s, str) else s)
+    _check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)),
+           "mount %s on %s" % (src, target))
+
+
+def prctl(option, arg2=0):
+    _check(libc.prctl(option, arg2, 0, 0, 0), "prctl %d" % option)
+
+
+def recv_msg(sock):
+    """One message and the fds passed with it; (None, []) at end of stream."""
+    fds = array.array("i")
+    data, ancdata, _flags, _addr = sock.recvmsg(
+        1 << 20, socket.CMSG_SPACE(MAX_FDS * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, cdata in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(cdata[:len(cdata) - (len(cdata) % fds.itemsize)])
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), list(fds)
+
+
+def report(fd, tag, payload=b""):
+    try:
+        os.write(fd, tag + payload)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- zygote
+
+def reap(_signum=None, _frame=None):
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        for cell, apid in list(CELLS.items()):
+            if apid == pid:
+                del CELLS[cell]
+
+
+def serve(ctl):
+    global SECCOMP_PROG, PIDNS_FD
+    PIDNS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    msg, fds = recv_msg(ctl)
+    if msg is None or msg.get("op") != "config":
+        sys.exit(2)
+    CONFIG.update(msg)
+    prog = bytes.fromhex(CONFIG["seccomp"])
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    SECCOMP_PROG = (buf, SockFprog(len(prog) // 8, ctypes.addressof(buf)))
+    signal.signal(signal.SIGCHLD, reap)
+    prewarm(CONFIG.get("preload", ()))
+    # Pre-fork server discipline: freeze every object that exists now into the permanent
+    # generation and keep the collector off, so no collection in a forked child walks
+    # (and so copies, page by page) the inherited heap. The candidate gets gc back on.
+    gc.disable()
+    gc.freeze()
+    ctl.sendmsg([json.dumps({"op": "hello", "pid": os.getpid(),
+                             "python": sys.version.split()[0]}).encode()])
+    while True:
+        msg, fds = recv_msg(ctl)
+        if msg is None:
+            break
+        op = msg.get("op")
+        if op == "warm":
+            warm(ctl, msg, fds)
+        elif op == "kill":
+            pid = CELLS.get(msg["cell"])
+            if pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for pid in list(CELLS.values()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+WARMUP_SOURCE = """
+import sys
+def f(a, *b, c=1, **d):
+    return [x * 2 for x in range(a) if x % 2] + list({k: v for k, v in d.items()})
+class K(object):
+    def __init__(self, v): self.v = v
+try:
+    f(3, c=2)
+except (ValueError, KeyError) as e:
+    raise RuntimeError(str(e)) from e
+finally:
+    pass
+while False:
+    break
+lambda x: (yield x)
+print(f"{1:>3} {'s'!r}", end="")
+"""
+
+
+def prewarm(modules):
+    """Do once, here, what every child would otherwise do cold: the first compile() in
+    a process costs ~2 ms (parser tables), the first import of common modules more."""
+    compile(WARMUP_SOURCE, "<warmup>", "exec")
+    json.loads(json.dumps({"a": [1, "b", None, 1.5, True]}))
+    for name in modules:
+        try:
+            __import__(name)
+        except Exception:
+            pass
+
+
+def warm(ctl, msg, fds):
+    """Fork B straight into a new pid namespace (so B is its pid 1): unshare(NEWPID)
+    only changes the namespace of our *next* child; setns puts us back after the fork.
+    One fork per cell instead of a monitor process in between."""
+    if len(fds) < 2:
+        return
+    status_w = fds[0]
+    _check(libc.unshare(CLONE_NEWPID), "unshare pid")
+    try:
+        pid = os.fork()
+    except OSError as e:
+        report(status_w, b"E", ("zygote fork failed: %s" % e).encode())
+        return
+    finally:
+        if os.getpid() == ZYGOTE_PID:
+            _check(libc.setns(PIDNS_FD, CLONE_NEWPID), "setns back to our pid namespace")
+    if pid == 0:
+        code = 0
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            ctl.close()
+            os.close(PIDNS_FD)
+            cell_init(msg, fds[0], fds[1], fds[2:])
+        except BaseException as e:  # report everything: this is infrastructure
+            report(status_w, b"E", ("cell setup (B): %r" % (e,)).encode()[:400])
+            code = 70
+        os._exit(code)
+    CELLS[msg["cell"]] = pid
+
+
+# --------------------------------------------------- B: pid 1 of the cell's namespace
+
+def build_root(net):
+    root = CONFIG["root"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount(root, root, None, MS_BIND)
+    for src, dst in CONFIG["ro_binds"]:
+        target = root + dst
+        mount(src, target, None, MS_BIND | MS_REC)
+        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for src, dst in CONFIG["dev_binds"]:
+        mount(src, root + dst, None, MS_BIND)
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    host = CONFIG.get("hostname", "sandbox").encode()
+    _check(libc.sethostname(host, len(host)), "sethostname")
+    if not net:
+        loopback_up()
+    os.chdir(root)
+    _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def loopback_up():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        ifr = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, 0x8913, ifr))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(s, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1 | 0x40))
+    finally:
+        s.close()
+
+
+def cell_init(msg, status_w, go_fd, cg_fds):
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    if not msg.get("net"):
+        flags |= CLONE_NEWNET
+    _check(libc.unshare(flags), "unshare")
+    # pid 1 ignores signals it has no handler for; drop Python's SIGINT handler so a
+    # candidate cannot raise KeyboardInterrupt in the init that reports its status.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    build_root(msg.get("net"))
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            candidate(msg, status_w, go_fd, cg_fds)
+        except BaseException as e:
+            report(status_w, b"E", ("cell setup (C): %r" % (e,)).encode()[:400])
+            code = 70
+        os._exit(code)
+    os.close(go_fd)
+    for fd in cg_fds:
+        os.close(fd)
+    while True:
+        try:
+            p, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        if p == pid:
+            report(status_w, b"X", struct.pack("<i", st))
+            os._exit(0)
+
+
+# ------------------------------------------------------------- C: the candidate
+
+def candidate(msg, status_w, go_fd, cg_fds):
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    for fd in cg_fds:
+        os.write(fd, b"0")  # "0" moves the writer into the cgroup
+        os.close(fd)
+    go = socket.socket(fileno=go_fd)
+    report(status_w, b"R")
+    spec, fds = recv_msg(go)
+    if spec is None:
+        os._exit(0)  # the supervisor discarded this cell
+    stdin_fd, stdout_fd, stderr_fd = fds[0], fds[1], fds[2]
+    for fd, target in zip(fds[3:], spec["mounts"]):
+        _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
+                            MOVE_MOUNT_F_EMPTY_PATH), "move_mount " + target)
+        os.close(fd)
+    drop_privileges(spec["uid"])
+    set_rlimits(spec["rlimits"])
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    os.dup2(stdin_fd, 0)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    keep = status_w
+    for fd in (stdin_fd, stdout_fd, stderr_fd):
+        if fd > 2:
+            os.close(fd)
+    go.close()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, 1 << 16)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.chdir(spec["cwd"])
+    env = spec["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                      ctypes.addressof(SECCOMP_PROG[1]), 0, 0), "seccomp")
+    gc.enable()
+    report(status_w, b"S")
+    os.close(status_w)
+    # From here on everything is the candidate's.
+    if spec["mode"] == "python":
+        run_python(spec)
+    argv = spec["argv"]
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; programs don't
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execve(spec["path"], argv, env)
+    except OSError as e:
+        os.write(2, ("trialbox: cannot execute %s: %s\n" % (argv[0], e.strerror)).encode())
+        os._exit(127 if e.errno == errno.ENOENT else 126)
+
+
+def drop_privileges(uid):
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # leaving root clears every capability
+    prctl(PR_SET_DUMPABLE, 1)  # so the process may write its own /proc/self/*_map
+    _check(libc.unshare(CLONE_NEWUSER), "unshare user")
+    with open("/proc/self/setgroups", "w") as f:
+        f.write("deny")
+    with open("/proc/self/uid_map", "w") as f:
+        f.write("%d %d 1" % (INNER_UID, uid))
+    with open("/proc/self/gid_map", "w") as f:
+        f.write("%d %d 1" % (INNER_UID, uid))
+    # The new user namespace granted a full capability set over itself: drop it.
+    header = struct.pack("Ii", 0x20080522, 0)
+    data = bytes(24)
+    hbuf = ctypes.create_string_buffer(header, len(header))
+    dbuf = ctypes.create_string_buffer(data, len(data))
+    _check(libc.syscall(SYS_CAPSET, hbuf, dbuf), "capset")
+
+
+def set_rlimits(limits):
+    for name, value in limits.items():
+        res = getattr(resource, name)
+        resource.setrlimit(res, (value[0], value[1]))
+
+
+def run_python(spec):
+    """Run a script as `python3 SCRIPT ARGS…` (or `-c CODE`) would, in this interpreter."""
+    argv = spec["argv"]
+    if argv[1] == "-c":
+        source, filename, sys.argv = argv[2], "<string>", ["-c"] + argv[3:]
+        path0 = ""
+    else:
+        filename = argv[1]
+        sys.argv = argv[1:]
+        path0 = os.path.dirname(os.path.abspath(filename))
+        try:
+            with open(filename, "rb") as f:
+                source = f.read()
+        except OSError as e:
+            sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n"
+                             % (argv[0], filename, e.errno, e.strerror))
+            sys.stderr.flush()
+            os._exit(2)
+    sys.path.insert(0, path0)
+    sys.orig_argv = list(argv)
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__builtins__": builtins, "__file__": filename,
+                          "__cached__": None})
+    if filename == "<string>":
+        del main.__file__
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        exec(compile(source, filename, "exec"), main.__dict__)
+    except SystemExit as e:
+        code = exit_code_of(e)
+    except BaseException as e:
+        tb = e.__traceback__.tb_next if e.__traceback__ else None
+        sys.excepthook(type(e), e, tb)
+        code = 1
+    code = finalize(code)
+    os._exit(code)
+
+
+def exit_code_of(e):
+    c = e.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return c & 0xFF
+    try:
+        sys.stderr.write(str(c) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+def finalize(code):
+    """What the interpreter does at exit: join threads, run atexit, flush stdio."""
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        code = exit_code_of(e)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            code = 120
+        except Exception:
+            code = 120 if code == 0 else code
+    return code
+
+
+def main():
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        sys.exit(1)
+    ctl = socket.socket(fileno=int(os.environ.pop("TRIALBOX_CTL_FD")))
+    try:
+        serve(ctl)
+    finally:
+        ctl.close()
+
+
+if __name__ == "__main__":
+    main()
