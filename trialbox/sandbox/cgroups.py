@@ -38,6 +38,91 @@ class CellStats:
     cpu_ns: int
     peak_bytes: int
     oom_kills: int
+    usage_bytes: int = 0
+
+
+def _pread_int(fd: int, key: str | None = None) -> int:
+    """An integer from a cgroup file: the whole file, or the value of `key` in it."""
+    text = os.pread(fd, 4096, 0).decode()
+    if key is None:
+        return int(text.split()[0]) if text.strip() not in ("", "max") else 0
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if k == key:
+            return int(v)
+    return 0
+
+
+class CellFiles:
+    """The accounting and limit files of one cell's cgroup, kept open for the cell's life.
+
+    A cell serves every run of one session, so each run starts by `begin_run` (limits
+    written, peak reset, counters snapshotted) and ends by `end_run` (the deltas). The
+    session's tmpfs pages are charged to the cell too: the memory limit of a run is
+    `Limits.memory_bytes` on top of what the session already holds.
+    """
+
+    def __init__(self, paths: dict[str, str], version: int):
+        self.version = version
+        self.fds: dict[str, int] = {}
+        try:
+            for name, path in paths.items():
+                flags = os.O_RDWR if name in ("peak", "mem_limit", "pids_limit",
+                                              "cpu_limit") else os.O_RDONLY
+                try:
+                    self.fds[name] = os.open(path, flags | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    if name != "peak":  # v2 before 5.19 has no memory.peak
+                        raise
+        except BaseException:
+            self.close()
+            raise
+        self.base = CellStats(0, 0, 0)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def _write(self, name: str, value: str) -> None:
+        os.pwrite(self.fds[name], value.encode(), 0)
+
+    def snapshot(self) -> CellStats:
+        if self.version == 1:
+            cpu = _pread_int(self.fds["cpu"])
+            oom = _pread_int(self.fds["oom"], "oom_kill")
+        else:
+            cpu = _pread_int(self.fds["cpu"], "usage_usec") * 1000
+            oom = _pread_int(self.fds["oom"], "oom_kill")
+        usage = _pread_int(self.fds["usage"])
+        peak = _pread_int(self.fds["peak"]) if "peak" in self.fds else usage
+        return CellStats(cpu, peak, oom, usage)
+
+    def begin_run(self, limits: Limits) -> None:
+        usage = _pread_int(self.fds["usage"])
+        mem = limits.memory_bytes + usage
+        if self.version == 1:
+            self._write("mem_limit", str(mem))
+            self._write("pids_limit", str(limits.pids))
+            self._write("cpu_limit", str(int(limits.cpus * CFS_PERIOD_US)))
+            self._write("peak", "0")  # v1: resets max_usage to the current usage
+        else:
+            self._write("mem_limit", str(mem))
+            self._write("pids_limit", str(limits.pids))
+            self._write("cpu_limit", f"{int(limits.cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+            if "peak" in self.fds:
+                try:
+                    self._write("peak", "reset")  # 6.12+: a per-fd peak reset
+                except OSError:
+                    pass
+        self.base = self.snapshot()
+
+    def end_run(self) -> CellStats:
+        now = self.snapshot()
+        return CellStats(cpu_ns=now.cpu_ns - self.base.cpu_ns,
+                         peak_bytes=max(0, now.peak_bytes - self.base.usage_bytes),
+                         oom_kills=now.oom_kills - self.base.oom_kills,
+                         usage_bytes=now.usage_bytes)
 
 
 class CgroupDriver:
@@ -87,6 +172,9 @@ class CgroupDriver:
         raise NotImplementedError
 
     def stats(self, rel: str) -> CellStats:
+        raise NotImplementedError
+
+    def open_files(self, rel: str) -> CellFiles:
         raise NotImplementedError
 
     def procs_files(self, rel: str) -> list[str]:
@@ -186,6 +274,18 @@ class CgroupV1(CgroupDriver):
         _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
         _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(int(limits.cpus * CFS_PERIOD_US)))
 
+    def open_files(self, rel: str) -> CellFiles:
+        mem = self._d("memory", rel)
+        return CellFiles({
+            "cpu": os.path.join(self._d("cpuacct", rel), "cpuacct.usage"),
+            "usage": os.path.join(mem, "memory.usage_in_bytes"),
+            "peak": os.path.join(mem, "memory.max_usage_in_bytes"),
+            "oom": os.path.join(mem, "memory.oom_control"),
+            "mem_limit": os.path.join(mem, "memory.limit_in_bytes"),
+            "pids_limit": os.path.join(self._d("pids", rel), "pids.max"),
+            "cpu_limit": os.path.join(self._d("cpu", rel), "cpu.cfs_quota_us"),
+        }, 1)
+
     def stats(self, rel: str) -> CellStats:
         cpu_ns = int(_read(os.path.join(self._d("cpuacct", rel), "cpuacct.usage")))
         mem = self._d("memory", rel)
@@ -232,6 +332,15 @@ class CgroupV2(CgroupDriver):
             os.path.join(d, "memory.swap.max")) else None
         _write(os.path.join(d, "pids.max"), str(limits.pids))
         _write(os.path.join(d, "cpu.max"), f"{int(limits.cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+
+    def open_files(self, rel: str) -> CellFiles:
+        d = os.path.join(self.root, rel)
+        return CellFiles({
+            "cpu": os.path.join(d, "cpu.stat"), "usage": os.path.join(d, "memory.current"),
+            "peak": os.path.join(d, "memory.peak"), "oom": os.path.join(d, "memory.events"),
+            "mem_limit": os.path.join(d, "memory.max"),
+            "pids_limit": os.path.join(d, "pids.max"), "cpu_limit": os.path.join(d, "cpu.max"),
+        }, 2)
 
     def stats(self, rel: str) -> CellStats:
         d = os.path.join(self.root, rel)

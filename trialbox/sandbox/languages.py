@@ -36,8 +36,10 @@ LANGUAGES: dict[str, Language] = {
 }
 ALIASES = {"python3": "python", "py": "python", "c++": "cpp", "shell": "bash"}
 
-COMPILE_LIMITS = Limits(wall_s=60, cpu_s=60, memory_mb=1024, pids=64)
-"""Compilers need more than most programs; the program itself runs under the caller's."""
+def compile_limits_for(limits: Limits) -> Limits:
+    """Compilers need more than most programs; the program itself runs under `limits`."""
+    return limits.with_(wall_s=max(limits.wall_s, 60.0), cpu_s=max(limits.cpu_s, 60.0),
+                        memory_mb=max(limits.memory_mb, 1024), pids=max(limits.pids, 64))
 
 
 def language(name: str) -> Language:
@@ -75,7 +77,8 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
     await sb.write_file(spec.filename, source)
     compiled = None
     if spec.compile:
-        compiled = await sb.exec(list(spec.compile), limits=compile_limits or COMPILE_LIMITS)
+        compiled = await sb.exec(list(spec.compile), limits=compile_limits
+                                 or compile_limits_for(limits or sb.limits))
         if not compiled.ok:
             return _with_compile(compiled, compiled)
     result = await sb.exec([*spec.run, *args], stdin=stdin, limits=limits)

@@ -130,7 +130,11 @@ def write_file(root: str, path: str, data: bytes, uid: int, mode: int = 0o644) -
                 n = os.write(fd, view)
                 view = view[n:]
             os.fchown(fd, uid, uid)
-        finally:
+        except BaseException:
+            os.close(fd)
+            os.unlink(parts[-1], dir_fd=dfd)  # no partial file left behind
+            raise
+        else:
             os.close(fd)
     finally:
         os.close(dfd)

@@ -1,11 +1,15 @@
-"""The `namespace` tier: the embedded default. Runs start from warm cells (see pool.py).
+"""The `namespace` tier: the embedded default. Sessions start from warm cells (pool.py).
 
 Per session: a size-limited tmpfs on the host (`work/`, `tmp/`, `shm/`) owned by a uid
-of its own. Per run: a fresh cell whose candidate mounts those three directories
-(detached clones made with open_tree), drops to the session's uid inside a new user
-namespace, and runs. The supervisor (this module) feeds stdin, reads stdout/stderr up to
-the cap, enforces wall time and output size, and reads CPU and memory from the cell's
-cgroup; nothing the candidate says about itself is used.
+of its own, and a cell taken from the warm pool at the first run: fresh namespaces and a
+cgroup, into which those three directories are attached (detached clones made with
+open_tree). Per run: a candidate process forked ahead of time in the cell drops to the
+session's uid inside a new user namespace and runs; when it exits every other process of
+the run is killed before the result is reported. The supervisor (this module) feeds
+stdin, reads stdout/stderr up to the cap, enforces wall time and output size, and reads
+CPU and memory from the cell's cgroup; nothing the candidate says about itself is used.
+Closing the session kills the cell (its namespaces die with its init) and unmounts the
+tmpfs: nothing reaches the next session.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ MOUNT_TARGETS = ["/workspace", "/tmp", "/dev/shm"]
 SESSION_DIRS = ["work", "tmp", "shm"]
 SIGNALS_OF_TIMEOUT = (24,)  # SIGXCPU: RLIMIT_CPU ran out
 DISK_SLACK = 64 * 1024
-CPU_POLL_S = 0.1
+CPU_POLL_S = 0.05
 
 
 class NamespaceSandbox:
@@ -45,11 +49,16 @@ class NamespaceSandbox:
         self.limits = limits
         self.uid = -1
         self.dir = ""
+        self.mount_sources: list[str] = []
+        self.cell: Cell | None = None
         self.closed = False
         self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, pool: CellPool, limits: Limits | None = None) -> NamespaceSandbox:
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a trialbox.types.Limits, got "
+                             f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
         sb = cls(pool, limits or Limits())
         sb._open_session()
         return sb
@@ -57,6 +66,7 @@ class NamespaceSandbox:
     def _open_session(self) -> None:
         self.uid = self.pool.take_uid()
         self.dir = os.path.join(self.pool.sessions_dir, f"u{self.uid}")
+        self.mount_sources = [os.path.join(self.dir, name) for name in SESSION_DIRS]
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         try:
             mounts.mount_tmpfs(self.dir, self.limits.disk_bytes, uid=0, mode=0o755)
@@ -87,6 +97,9 @@ class NamespaceSandbox:
 
     def _teardown(self) -> None:
         self.closed = True
+        if self.cell is not None:
+            self.pool.done_with(self.cell)
+            self.cell = None
         if self.dir:
             mounts.umount(self.dir)
             try:
@@ -130,19 +143,50 @@ class NamespaceSandbox:
                    cwd: str = "/workspace") -> ExecResult:
         self._check_open()
         limits = limits or self.limits
+        if limits.network != self.limits.network:
+            raise UsageError("Limits.network is fixed when the session opens (it shapes "
+                             "the session's namespaces); open a session with "
+                             f"Limits(network={limits.network})")
+        # disk_mb is the size of the session's workspace, set at open; a run's own
+        # disk_mb only bounds single files (RLIMIT_FSIZE).
         spec = self._spec(argv, env, cwd, limits)
         if not isinstance(stdin, (bytes, bytearray, memoryview)):
             raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
         async with self._lock:
             self._check_open()
             try:
-                cell = await self.pool.acquire(limits.network)
-            except (SandboxStartError, ZygoteDied) as e:
+                cell = await self._cell()
+            except (SandboxStartError, ZygoteDied, OSError) as e:
                 return self._infra(f"no sandbox could be started: {e}")
-            try:
-                return await _Run(self, cell, spec, bytes(stdin), limits).run()
-            finally:
-                self.pool.done_with(cell)
+            result = await _Run(self, cell, spec, bytes(stdin), limits).run()
+            if result.status is ExecStatus.INFRA or not cell.alive:
+                self._drop_cell()  # the next run gets a fresh cell; files are kept
+            return result
+
+    async def _cell(self) -> Cell:
+        """The session's cell: taken from the pool at the first run, workspace attached."""
+        if self.cell is not None and self.cell.alive:
+            return self.cell
+        self._drop_cell()
+        cell = await self.pool.acquire(self.limits.network)
+        trees: list[int] = []
+        try:
+            for path in self.mount_sources:
+                trees.append(mounts.open_tree_clone(path))
+            cell.send({"op": "open", "mounts": MOUNT_TARGETS}, trees)
+        except BaseException:
+            self.pool.done_with(cell)
+            raise
+        finally:
+            for fd in trees:
+                os.close(fd)
+        self.cell = cell
+        return cell
+
+    def _drop_cell(self) -> None:
+        if self.cell is not None:
+            self.pool.done_with(self.cell)
+            self.cell = None
 
     def _infra(self, message: str) -> ExecResult:
         return ExecResult(status=ExecStatus.INFRA, message=message,
@@ -169,10 +213,14 @@ class NamespaceSandbox:
             raise UsageError(f"cwd must be /workspace, a directory under it, or /tmp; got "
                              f"{cwd!r}")
         mode, path = self._resolve(list(argv), run_env["PATH"], cwd)
-        cpu = max(1, math.ceil(limits.cpu_s))
+        # The CPU limit is enforced on the cgroup's total by `_Run._check_cpu`; the
+        # per-process RLIMIT_CPU is only a backstop set well above it (the kernel's
+        # per-process clock runs ahead of cgroup accounting under load here, and a
+        # SIGXCPU must mean the limit was really reached).
+        cpu = math.ceil(limits.cpu_s * 2) + 5
         return {
             "mode": mode, "argv": list(argv), "path": path, "env": run_env, "cwd": cwd,
-            "uid": self.uid, "mounts": MOUNT_TARGETS,
+            "op": "go", "uid": self.uid,
             "rlimits": {"RLIMIT_NOFILE": [limits.open_files, limits.open_files],
                         "RLIMIT_CPU": [cpu, cpu + 1],
                         "RLIMIT_CORE": [0, 0],
@@ -185,9 +233,7 @@ class NamespaceSandbox:
         Raises UsageError when the command cannot exist in the sandbox view.
         """
         prog = argv[0]
-        python_names = {"python", "python3", self.pool.runtime.python,
-                        os.path.realpath(self.pool.runtime.python)}
-        if prog in python_names and len(argv) >= 2 and (
+        if prog in self.pool.python_names and len(argv) >= 2 and (
                 argv[1] == "-c" and len(argv) >= 3 or not argv[1].startswith("-")):
             return "python", self.pool.runtime.python
         if "/" in prog:
@@ -226,18 +272,24 @@ class _Run:
         self.started = False
         self.wait_status: int | None = None
         self.readers: list[FdReader] = []
+        self._cpu_timer: asyncio.TimerHandle | None = None
+        self._exited: asyncio.Future[None] | None = None
 
     def kill(self, reason: ExecStatus, message: str) -> None:
         if self.kill_reason is None and self.wait_status is None:
             self.kill_reason, self.kill_message = reason, message
             self.t_exit = time.monotonic()
-        try:
-            self.cell.kill()
-        except ZygoteDied:
-            self.pool.cgroups.kill_all(self.cell.rel)
+            self.cell.stop()
 
     def _on_status(self, cell: Cell) -> None:
         """Parse the cell's status records: R(eady) S(tarted) X(exit)+int32 E(rror)+text."""
+        assert cell.status is not None
+        self._parse_status(cell)
+        if (self.wait_status is not None or cell.status.done.done()) and \
+                self._exited is not None and not self._exited.done():
+            self._exited.set_result(None)
+
+    def _parse_status(self, cell: Cell) -> None:
         assert cell.status is not None
         buf, i = bytes(cell.status.buf), 0
         while i < len(buf):
@@ -267,79 +319,82 @@ class _Run:
 
     async def run(self) -> ExecResult:
         cell, limits = self.cell, self.limits
-        if cell.limits != limits:
-            self.pool.cgroups.set_limits(cell.rel, limits)
-            cell.limits = limits
-        stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-        fds: list[int] = [stdin_fd]
+        assert cell.files is not None and cell.status is not None
+        fds: list[int] = []
         try:
-            os.write(stdin_fd, self.stdin) if self.stdin else None
-            os.lseek(stdin_fd, 0, os.SEEK_SET)
+            cell.files.begin_run(limits)
+            if self.stdin:
+                stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+                fds.append(stdin_fd)
+                os.write(stdin_fd, self.stdin)
+                os.lseek(stdin_fd, 0, os.SEEK_SET)
+            else:
+                stdin_fd = os.dup(self.pool.devnull)  # shared /dev/null, our copy closed below
+                fds.append(stdin_fd)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             fds += [out_w, err_w]
-            for name in SESSION_DIRS:
-                fds.append(mounts.open_tree_clone(os.path.join(self.sb.dir, name)))
         except OSError as e:
             for fd in fds:
                 os.close(fd)
             return self.sb._infra(f"could not prepare the run: {e}")
+        cell.status.buf = bytearray()  # this run's records only
         cell.on_status = self._on_status
-        self._on_status(cell)
         cap = limits.output_bytes
         self.readers = [FdReader(self.loop, out_r, cap, self._on_output),
                         FdReader(self.loop, err_r, cap, self._on_output)]
         self.t_go = time.monotonic()
         try:
-            assert cell.go is not None
-            socket.send_fds(cell.go, [json.dumps(self.spec).encode()], fds)
-        except OSError as e:
-            self.kill(ExecStatus.INFRA, f"could not start the run: {e}")
+            cell.send(self.spec, fds)
+        except (OSError, SandboxStartError) as e:
+            self.kill_reason, self.kill_message = ExecStatus.INFRA, f"could not start: {e}"
+            cell.kill()
         finally:
             for fd in fds:
                 os.close(fd)
-        assert cell.status is not None
-        waits = [cell.status.done] + [r.done for r in self.readers]
-        cpu_task = self.loop.create_task(self._watch_cpu())
+        self._cpu_timer = self.loop.call_later(CPU_POLL_S, self._check_cpu)
         try:
+            # The run is over when the cell reported the exit (every process of the run
+            # is dead by then) and both pipes hit EOF, or the cell itself died.
+            self._exited = self.loop.create_future()
+            self._on_status(cell)
+            waits = [self._exited] + [r.done for r in self.readers]
             done, _ = await asyncio.wait(waits, timeout=limits.wall_s)
             if len(done) < len(waits):
-                if self.wait_status is None:
-                    self.kill(ExecStatus.TIMEOUT, f"wall time passed Limits.wall_s="
-                                                  f"{limits.wall_s}")
-                else:  # the program exited; leftovers are killed with its namespace
-                    self.kill(ExecStatus.OK, "")
+                self.kill(ExecStatus.TIMEOUT, f"wall time passed Limits.wall_s={limits.wall_s}")
                 done, _ = await asyncio.wait(waits, timeout=10)
                 if len(done) < len(waits):
-                    self.pool.cgroups.kill_all(cell.rel)
+                    cell.kill()
+                    done, _ = await asyncio.wait(waits, timeout=5)
                     for r in self.readers:
                         r.close()
-                    cell.status.close()
                     return self.sb._infra("the sandbox did not terminate after being "
                                           "killed")
         finally:
-            cpu_task.cancel()
+            cell.on_status = None
+            if self._cpu_timer is not None:
+                self._cpu_timer.cancel()
         return self._result()
 
-    async def _watch_cpu(self) -> None:
+    def _check_cpu(self) -> None:
         """RLIMIT_CPU is per process; the cgroup's total catches a run split over many."""
-        limit_ns = self.limits.cpu_s * 1e9
-        while True:
-            await asyncio.sleep(CPU_POLL_S)
-            try:
-                cpu_ns = self.pool.cgroups.stats(self.cell.rel).cpu_ns
-            except OSError:
-                return
-            if cpu_ns > limit_ns:
-                self.kill(ExecStatus.TIMEOUT, f"CPU time passed Limits.cpu_s="
-                                              f"{self.limits.cpu_s}")
-                return
+        files = self.cell.files
+        if files is None or self.wait_status is not None:
+            return
+        try:
+            cpu_ns = files.snapshot().cpu_ns - files.base.cpu_ns
+        except OSError:
+            return
+        if cpu_ns > self.limits.cpu_s * 1e9:
+            self.kill(ExecStatus.TIMEOUT, f"CPU time passed Limits.cpu_s={self.limits.cpu_s}")
+            return
+        self._cpu_timer = self.loop.call_later(CPU_POLL_S, self._check_cpu)
 
     def _result(self) -> ExecResult:
         end = self.t_exit if self.t_exit is not None else time.monotonic()
         wall_ms = (end - self.t_go) * 1e3
         try:
-            stats = self.pool.cgroups.stats(self.cell.rel)
+            stats = self.cell.files.end_run() if self.cell.files is not None else None
         except OSError:
             stats = None
         out, err = self.readers
@@ -373,10 +428,13 @@ class _Run:
             if oom_kills:
                 return (ExecStatus.MEMORY, None, sig,
                         f"memory passed Limits.memory_mb={self.limits.memory_mb}")
-            if sig in SIGNALS_OF_TIMEOUT or (sig == 9 and cpu_ns >= self.limits.cpu_s * 1e9):
+            # SIGXCPU / SIGXFSZ count as limits only when the limit was really reached
+            # (a program may raise them itself).
+            cpu_hit = cpu_ns >= 0.95 * math.floor(max(1.0, self.limits.cpu_s)) * 1e9
+            if (sig in SIGNALS_OF_TIMEOUT or sig == 9) and cpu_hit:
                 return (ExecStatus.TIMEOUT, None, sig,
                         f"CPU time passed Limits.cpu_s={self.limits.cpu_s}")
-            if sig == 25:  # SIGXFSZ
+            if sig == 25 and self._disk_full():  # SIGXFSZ
                 return ExecStatus.DISK, None, sig, "file size passed Limits.disk_mb"
             return ExecStatus.SIGNAL, None, sig, f"killed by signal {sig}"
         code = os.WEXITSTATUS(st)

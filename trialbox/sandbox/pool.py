@@ -1,10 +1,11 @@
 """The warm pool: one zygote per pool and a set of cells prepared before they are needed.
 
-A *cell* is a single-use sandbox process tree (see `zygote.py`): fresh namespaces, its own
-cgroup, the read-only root already built, the candidate-to-be waiting for its command.
-The pool keeps `PoolConfig.warm` cells ready, grows towards the recent peak of runs in
-flight (up to `max_warm`) and shrinks back when demand falls. Every cell is used by at
-most one run and then destroyed; nothing a run leaves behind reaches the next one.
+A *cell* is one session's sandbox (see `zygote.py`): fresh namespaces, its own cgroup,
+the read-only root already built, the first candidate process forked and waiting. The
+pool keeps `PoolConfig.warm` cells ready, grows towards the recent peak of sessions in
+use (up to `max_warm`) and shrinks back when demand falls. A cell serves one session
+(every process of each run is killed before the run's result is reported) and is
+destroyed when the session closes: nothing reaches the next session.
 
 Everything the pool creates on the host lives under names that carry the owner's pid and
 start time (`/run/trialbox/<pid>-<start>/…`, `<cgroup>/trialbox/<pid>-<start>/…`), so a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import shutil
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
 from trialbox.sandbox import mounts
-from trialbox.sandbox.cgroups import CgroupDriver
+from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.seccomp import build_filter
 from trialbox.types import Limits, Runtime
 
@@ -85,16 +87,21 @@ def _proc_start(pid: int) -> str | None:
         return None
 
 
+_pool_seq = itertools.count(1)
+
+
 def owner_id(pid: int | None = None) -> str:
+    """`<pid>-<process start time>-<n>`: unique per pool, and tells whether its owner
+    process is still alive (pids are reused; start times are not)."""
     pid = os.getpid() if pid is None else pid
-    return f"{pid}-{_proc_start(pid)}"
+    return f"{pid}-{_proc_start(pid)}-{next(_pool_seq)}"
 
 
 def _owner_alive(name: str) -> bool:
-    pid_s, _, start = name.partition("-")
-    if not pid_s.isdigit():
+    parts = name.split("-")
+    if len(parts) < 2 or not parts[0].isdigit():
         return True  # not ours: leave it alone
-    return _proc_start(int(pid_s)) == start
+    return _proc_start(int(parts[0])) == parts[1]
 
 
 def reap_orphans(state_dir: str, driver: CgroupDriver) -> dict[str, int]:
@@ -207,11 +214,13 @@ class FdReader:
 # ------------------------------------------------------------------ cells
 
 class Cell:
-    """One prepared, single-use sandbox process tree (see zygote.py)."""
+    """One session's prepared sandbox (see zygote.py): used by one session, then gone."""
 
     def __init__(self, pool: CellPool, cid: str, net: bool, limits: Limits):
         self.pool, self.id, self.net, self.limits = pool, cid, net, limits
         self.rel = f"trialbox/{pool.id}/{cid}"
+        self.files: CellFiles | None = None
+        self.opened = False
         self.go: socket.socket | None = None
         self.status: FdReader | None = None
         self.ready: asyncio.Future[None] = pool.loop.create_future()
@@ -221,14 +230,13 @@ class Cell:
         self.error = ""
 
     def _status_data(self, reader: FdReader) -> None:
-        buf = bytes(reader.buf)
-        if buf.startswith(b"E") or (b"R" not in buf[:1] and buf):
-            self.error = buf[1:].decode(errors="replace") if buf.startswith(b"E") else \
-                f"unexpected status bytes {buf[:16]!r}"
         if not self.ready.done():
+            buf = bytes(reader.buf)
             if buf.startswith(b"R"):
                 self.ready.set_result(None)
-            elif self.error:
+            elif buf:
+                self.error = buf[1:].decode(errors="replace") if buf.startswith(b"E") \
+                    else f"unexpected status bytes {buf[:16]!r}"
                 self.ready.set_exception(SandboxStartError(f"cell {self.id}: {self.error}"))
         if self.on_status is not None:
             self.on_status(self)
@@ -241,16 +249,40 @@ class Cell:
         if self.on_status is not None:
             self.on_status(self)
 
+    @property
+    def alive(self) -> bool:
+        return self.go is not None and self.status is not None and \
+            not self.status.done.done()
+
+    def send(self, msg: dict[str, object], fds: list[int] | None = None) -> None:
+        """A message to the cell's init (B) on the session socket."""
+        import json
+        if self.go is None:
+            raise SandboxStartError(f"cell {self.id} is closed")
+        data = json.dumps(msg).encode()
+        if fds:
+            socket.send_fds(self.go, [data], fds)
+        else:
+            self.go.sendmsg([data])
+
+    def stop(self) -> None:
+        """Kill the run in flight (every process but the cell's init)."""
+        try:
+            self.send({"op": "stop"})
+        except (OSError, SandboxStartError):
+            self.kill()
+
     def kill(self) -> None:
-        self.pool.send_zygote({"op": "kill", "cell": self.id})
+        """Kill the whole cell (its init, hence its namespaces and every process)."""
+        try:
+            self.pool.send_zygote({"op": "kill", "cell": self.id})
+        except ZygoteDied:
+            self.pool.cgroups.kill_all(self.rel)
 
     def discard(self) -> None:
-        """Close an unused cell: its candidate sees EOF on its socket and exits."""
-        if self.go is not None:
-            self.go.close()
-            self.go = None
-        self.kill()
-        self.pool.forget(self)
+        """Close an unused cell: its init sees EOF, everything in it dies, and its cgroup
+        goes to the janitor."""
+        self.pool.release(self)
 
 
 class CellPool:
@@ -265,6 +297,8 @@ class CellPool:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
+        self.python_names: frozenset[str] = frozenset()
+        self.devnull = -1
         self._zproc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
         self._ready: deque[Cell] = deque()
@@ -298,6 +332,9 @@ class CellPool:
             raise SandboxUnavailable("the namespace tier needs Linux")
         self.cgroups = CgroupDriver.detect()
         self.runtime = system_runtime(self.config.python)
+        self.python_names = frozenset({"python", "python3", self.runtime.python,
+                                       os.path.realpath(self.runtime.python)})
+        self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.reaped = reap_orphans(self.config.state_dir, self.cgroups)
         if any(self.reaped.values()):
             log.warning("reaped what dead pools left behind: %s", self.reaped)
@@ -311,8 +348,12 @@ class CellPool:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         logf = open(os.path.join(self.dir, "zygote.log"), "ab")
         try:
+            # Run from a copy in the pool's root-only state dir: candidates share this
+            # interpreter (and its argv) and need not learn where the project lives.
+            script = os.path.join(self.dir, "zygote.py")
+            shutil.copyfile(ZYGOTE, script)
             self._zproc = subprocess.Popen(
-                [self.config.python, "-I", "-B", ZYGOTE],
+                [self.config.python, "-I", "-B", script],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
                 pass_fds=[child.fileno()], cwd=self.dir, close_fds=True,
                 env={"LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin",
@@ -389,6 +430,12 @@ class CellPool:
                 self._zproc.kill()
                 self._zproc.wait()
         for cell in list(self._live.values()):
+            if cell.files is not None:
+                cell.files.close()
+                cell.files = None
+            if cell.go is not None:
+                cell.go.close()
+                cell.go = None
             if cell.status is not None and self.loop is not None and not self.loop.is_closed():
                 try:
                     cell.status.close()
@@ -410,6 +457,9 @@ class CellPool:
         for mp in mounts.mounts_under(self.dir):
             mounts.umount(mp)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.devnull >= 0:
+            os.close(self.devnull)
+            self.devnull = -1
 
     # ---------------------------------------------------------------- uids
     def take_uid(self) -> int:
@@ -431,8 +481,8 @@ class CellPool:
             raise ZygoteDied("the pool is closed")
         self._seq += 1
         cell = Cell(self, f"c{self._seq}", net, self.config.default_limits)
-        procs = await self.loop.run_in_executor(self._janitor, self.cgroups.create,
-                                                cell.rel, cell.limits)
+        procs, cell.files = await self.loop.run_in_executor(
+            self._janitor, self._create_cgroup, cell.rel, cell.limits)
         cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs]
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         go_parent, go_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -455,9 +505,12 @@ class CellPool:
             await asyncio.wait_for(asyncio.shield(cell.ready), 30)
         except BaseException:
             cell.discard()
-            self.release(cell)
             raise
         return cell
+
+    def _create_cgroup(self, rel: str, limits: Limits) -> tuple[list[str], CellFiles]:
+        procs = self.cgroups.create(rel, limits)
+        return procs, self.cgroups.open_files(rel)
 
     async def acquire(self, net: bool = False) -> Cell:
         """A ready cell (warm if one is waiting, prepared now otherwise)."""
@@ -480,25 +533,36 @@ class CellPool:
             raise
 
     def done_with(self, cell: Cell) -> None:
-        """A run finished with this cell: destroy it and keep the pool at its target."""
+        """A session finished with this cell: destroy it, keep the pool at its target."""
         self._in_use -= 1
         self.release(cell)
         self._refill()
 
     def release(self, cell: Cell) -> None:
         if cell.go is not None:
-            cell.go.close()
+            cell.go.close()  # the cell's init sees EOF, kills everything, exits
             cell.go = None
+            cell.kill()
+        if cell.files is not None:
+            cell.files.close()
+            cell.files = None
         if cell.status is not None and cell.status.fd >= 0:
             cell.status.close()
+        if cell.id not in self._live:
+            return  # released already
         self.forget(cell)
+        if self.closed:
+            return  # close_sync removes every cgroup of the pool
         # rmdir of a cgroup whose tasks just exited waits on the kernel (1-12 ms here):
         # never on the event loop.
         self._janitor.submit(self._remove_cgroup, cell.rel)
 
     def _remove_cgroup(self, rel: str) -> None:
+        t0 = time.monotonic()
         for attempt in range(200):
             if self.cgroups.remove(rel):
+                if time.monotonic() - t0 > 1:
+                    log.warning("cgroup %s took %.1f s to remove", rel, time.monotonic() - t0)
                 return
             self.cgroups.kill_all(rel)
             time.sleep(0.005 * min(attempt + 1, 20))

@@ -6,23 +6,27 @@ secrets and none of the project's state (its environment is cleared, its only op
 besides stdio is the control socket). The supervisor sends it a config once, then asks
 it to *warm* cells and to *kill* them.
 
-A cell is two processes, prepared before any run needs them:
+A cell is one session's sandbox: fresh namespaces, its own cgroup, the read-only root
+built, prepared before anyone asks for it, and alive until the session closes:
 
     zygote (root, host namespaces)
       └─ B  pid 1 of a new pid namespace (forked straight into it): unshares mount/ipc/
           │  uts/net namespaces, builds the read-only root (binds of the declared
-          │  runtime, /dev nodes, /proc), pivots into it, reaps, and reports C's exit
-          │  status; when B exits the kernel kills every process left in the namespace
-          │  (no daemon survives a run). Killing B is how a run is stopped.
-          └─ C  the candidate-to-be: joins the cell's cgroups, says ready, waits.
+          │  runtime, /dev nodes, /proc) and pivots into it. On `open` it attaches the
+          │  session's workspace, /tmp and /dev/shm (detached mount trees the supervisor
+          │  cloned with open_tree). It forwards each `go` to the waiting C, obeys
+          │  `stop`, and when C exits kills every other process of the namespace
+          │  (kill(-1) from pid 1), reaps, reports C's status, forks the next C.
+          └─ C  the next candidate, forked ahead of time: joins the cell's cgroups and
+                waits for its `go`.
 
-On *go* (sent by the supervisor straight to C over the cell's socket) C mounts the
-session's workspace, /tmp and /dev/shm (detached mount trees cloned by the supervisor
-with open_tree), drops to the session's unprivileged uid, enters a fresh user namespace
-(uid 1000 inside), drops every capability, sets rlimits and no_new_privs, loads the
-seccomp filter, says started, and then either execs the command or — for Python
-scripts — runs the script in this already-initialised interpreter, which is what makes
-a run start in about a millisecond instead of ten.
+On `go` C drops to the session's unprivileged uid, enters a fresh user namespace (uid
+1000 inside), drops every capability, sets rlimits and no_new_privs, loads the seccomp
+filter, says started, and then either execs the command or — for Python scripts — runs
+the script in this already-initialised interpreter, which is what makes a run start in
+about a millisecond instead of ten. Every process of a run is dead before its status is
+reported; nothing but the session's files carries over to the next run, and nothing at
+all to the next session (new cell, new namespaces, new tmpfs).
 
 The status pipe (one per cell, read by the supervisor) carries one-byte records:
 `R` ready, `S` started (all isolation applied; nothing before it is the candidate's),
@@ -39,11 +43,17 @@ import gc
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import sys
 import types
+
+# Private references: the candidate runs in this interpreter and may delete or replace
+# os._exit & co.; sabotaging them must not send a child back into zygote code.
+_exit = os._exit
+_write = os.write
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -240,7 +250,7 @@ def warm(ctl, msg, fds):
         except BaseException as e:  # report everything: this is infrastructure
             report(status_w, b"E", ("cell setup (B): %r" % (e,)).encode()[:400])
             code = 70
-        os._exit(code)
+        _exit(code)
     CELLS[msg["cell"]] = pid
 
 
@@ -256,7 +266,8 @@ def build_root(net):
         mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for src, dst in CONFIG["dev_binds"]:
         mount(src, root + dst, None, MS_BIND)
-    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # hidepid=2: the candidate (another uid) cannot see its init or read its argv/env.
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     host = CONFIG.get("hostname", "sandbox").encode()
     _check(libc.sethostname(host, len(host)), "sethostname")
     if not net:
@@ -279,6 +290,16 @@ def loopback_up():
 
 
 def cell_init(msg, status_w, go_fd, cg_fds):
+    """B: pid 1 of one session's namespaces, alive as long as the session.
+
+    B keeps the next candidate C forked and waiting on a private socket. Messages on the
+    session socket, in order: `open` (+ the workspace, /tmp, /dev/shm trees, attached
+    here once), then per run `go` (+ stdin/stdout/stderr), forwarded to the waiting C,
+    and `stop` (kill the run). When C exits B kills every other process in the namespace
+    (kill(-1) from pid 1 spares only B), reaps them all, reports `X` + C's wait status,
+    and forks the next C. EOF on the session socket ends the session: B exits, and with
+    pid 1 gone the kernel tears the namespaces down.
+    """
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
     if not msg.get("net"):
@@ -289,45 +310,109 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     build_root(msg.get("net"))
+    session = socket.socket(fileno=go_fd)
+    child = spawn_candidate(status_w, cg_fds, first=True)
+    while True:
+        msg, fds = recv_msg(session)
+        if msg is None:
+            break
+        op = msg.get("op")
+        if op == "open":
+            for fd, target in zip(fds, msg["mounts"]):
+                _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
+                                    MOVE_MOUNT_F_EMPTY_PATH), "move_mount " + target)
+        elif op == "go":
+            pid, pidfd, chan = child
+            socket.send_fds(chan, [json.dumps(msg).encode()], fds)
+            chan.close()
+            for fd in fds:  # C has them now; the next C must not inherit our copies
+                os.close(fd)
+            fds = []
+            status = supervise(session, pid, pidfd)
+            kill_everyone()
+            report(status_w, b"X", struct.pack("<i", status))
+            child = spawn_candidate(status_w, cg_fds, first=False)
+        for fd in fds:
+            os.close(fd)
+    kill_everyone()
+    _exit(0)
+
+
+def spawn_candidate(status_w, cg_fds, first):
+    """Fork the next C; it joins the cell's cgroup and waits for its `go`."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
-            candidate(msg, status_w, go_fd, cg_fds)
+            parent.close()
+            candidate(status_w, child, cg_fds, first)
         except BaseException as e:
             report(status_w, b"E", ("cell setup (C): %r" % (e,)).encode()[:400])
             code = 70
-        os._exit(code)
-    os.close(go_fd)
-    for fd in cg_fds:
-        os.close(fd)
+        _exit(code)
+    child.close()
+    return pid, os.pidfd_open(pid), parent
+
+
+def supervise(session, pid, pidfd):
+    """Wait for C; meanwhile reap orphans (they count against pids.max) and obey `stop`."""
+    status = None
+    stopped = False
+    while status is None:
+        ready, _, _ = select.select([session, pidfd], [], [], 0.1)
+        if session in ready and not stopped:
+            msg, fds = recv_msg(session)
+            for fd in fds:
+                os.close(fd)
+            if msg is None:
+                kill_everyone()
+                _exit(0)
+            if msg.get("op") == "stop":
+                stopped = True
+                try:  # C is reaped below, with its status
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        while True:
+            try:
+                p, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if p == 0:
+                break
+            if p == pid:
+                status = st
+    os.close(pidfd)
+    return status
+
+
+def kill_everyone():
+    """From pid 1, kill(-1) reaches every other process of the namespace; reap them."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     while True:
         try:
-            p, st = os.waitpid(-1, 0)
+            os.waitpid(-1, 0)
         except ChildProcessError:
-            os._exit(0)
-        if p == pid:
-            report(status_w, b"X", struct.pack("<i", st))
-            os._exit(0)
+            return
 
 
 # ------------------------------------------------------------- C: the candidate
 
-def candidate(msg, status_w, go_fd, cg_fds):
+def candidate(status_w, chan, cg_fds, first):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     for fd in cg_fds:
         os.write(fd, b"0")  # "0" moves the writer into the cgroup
-        os.close(fd)
-    go = socket.socket(fileno=go_fd)
-    report(status_w, b"R")
-    spec, fds = recv_msg(go)
+    if first:
+        report(status_w, b"R")
+    spec, fds = recv_msg(chan)
     if spec is None:
-        os._exit(0)  # the supervisor discarded this cell
+        _exit(0)  # the session ended before this run
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh interpreter has it
     stdin_fd, stdout_fd, stderr_fd = fds[0], fds[1], fds[2]
-    for fd, target in zip(fds[3:], spec["mounts"]):
-        _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
-                            MOVE_MOUNT_F_EMPTY_PATH), "move_mount " + target)
-        os.close(fd)
     drop_privileges(spec["uid"])
     set_rlimits(spec["rlimits"])
     prctl(PR_SET_NO_NEW_PRIVS, 1)
@@ -335,10 +420,7 @@ def candidate(msg, status_w, go_fd, cg_fds):
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
     keep = status_w
-    for fd in (stdin_fd, stdout_fd, stderr_fd):
-        if fd > 2:
-            os.close(fd)
-    go.close()
+    chan.close()
     os.closerange(3, keep)
     os.closerange(keep + 1, 1 << 16)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
@@ -363,7 +445,7 @@ def candidate(msg, status_w, go_fd, cg_fds):
         os.execve(spec["path"], argv, env)
     except OSError as e:
         os.write(2, ("trialbox: cannot execute %s: %s\n" % (argv[0], e.strerror)).encode())
-        os._exit(127 if e.errno == errno.ENOENT else 126)
+        _exit(127 if e.errno == errno.ENOENT else 126)
 
 
 def drop_privileges(uid):
@@ -409,7 +491,7 @@ def run_python(spec):
             sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n"
                              % (argv[0], filename, e.errno, e.strerror))
             sys.stderr.flush()
-            os._exit(2)
+            _exit(2)
     sys.path.insert(0, path0)
     sys.orig_argv = list(argv)
     main = types.ModuleType("__main__")
@@ -424,11 +506,13 @@ def run_python(spec):
     except SystemExit as e:
         code = exit_code_of(e)
     except BaseException as e:
+        # Show the program's frames only, as `python3 main.py` would: drop ours.
         tb = e.__traceback__.tb_next if e.__traceback__ else None
+        e.__traceback__ = tb
         sys.excepthook(type(e), e, tb)
         code = 1
     code = finalize(code)
-    os._exit(code)
+    _exit(code)
 
 
 def exit_code_of(e):

@@ -1,0 +1,156 @@
+"""The `trialbox` command line.
+
+    trialbox demo                              the main job as it stands (make demo)
+    trialbox exec --json --file prog.py        run a program in a sandbox, print the result
+    trialbox exec --json -- gcc --version      …or any command
+    trialbox bench sandbox --json              start latency and throughput vs baselines
+
+Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),
+2 the command line or input was invalid, 3 the sandbox machinery failed (infra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from trialbox.errors import InfraError, UsageError
+
+EXT_LANG = {".py": "python", ".sh": "bash", ".c": "c", ".cpp": "cpp", ".cc": "cpp",
+            ".cxx": "cpp"}
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="wall-clock limit in seconds (default 10)")
+    p.add_argument("--cpu-s", type=float, default=None, help="CPU-time limit in seconds")
+    p.add_argument("--memory-mb", type=int, default=None, help="memory limit in MiB")
+    p.add_argument("--disk-mb", type=int, default=None, help="workspace size in MiB")
+    p.add_argument("--pids", type=int, default=None, help="processes+threads limit")
+    p.add_argument("--output-bytes", type=int, default=None,
+                   help="bytes kept per stream; more kills the run")
+    p.add_argument("--network", action="store_true", help="give the run the host network")
+
+
+def _limits(args: argparse.Namespace):  # -> Limits
+    from trialbox.types import Limits
+    changes = {k: v for k, v in (
+        ("wall_s", args.timeout), ("cpu_s", args.cpu_s), ("memory_mb", args.memory_mb),
+        ("disk_mb", args.disk_mb), ("pids", args.pids),
+        ("output_bytes", args.output_bytes)) if v is not None}
+    if args.timeout is not None and args.cpu_s is None:
+        changes["cpu_s"] = args.timeout
+    if args.network:
+        changes["network"] = True
+    return Limits(**changes)  # type: ignore[arg-type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trialbox", description="Agent RL on code: isolated sandboxes, a trusted "
+        "judge, GRPO/PPO.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("exec", help="run a program or command in a sandbox",
+                       description="Run a program (--file) or a command (after --) in a "
+                       "fresh namespace sandbox. stdin passes through. With --json the "
+                       "ExecResult is printed as JSON; otherwise the program's output is "
+                       "replayed and a summary goes to stderr.")
+    p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
+    p.add_argument("--file", help="program file to run (language from its extension)")
+    p.add_argument("--language", help="language of --file: python, bash, sh, c, cpp")
+    p.add_argument("--tier", default="namespace", help="isolation tier (default namespace)")
+    _add_limits(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run instead")
+
+    b = sub.add_parser("bench", help="benchmarks (make bench)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    bs = bsub.add_parser("sandbox", help="sandbox start latency and throughput vs "
+                         "plain subprocess and bubblewrap")
+    bs.add_argument("--json", action="store_true", help="print results as JSON")
+    bs.add_argument("--runs", type=int, default=200,
+                    help="sequential runs for the latency figures (default 200)")
+    bs.add_argument("--seconds", type=float, default=4.0,
+                    help="seconds per throughput point (default 4)")
+    bs.add_argument("--concurrency", default="1,2,4,8",
+                    help="comma-separated concurrency levels (default 1,2,4,8)")
+    bs.add_argument("--out", help="also write the JSON results to this file")
+
+    sub.add_parser("demo", help="the showcase: good and hostile programs, contained")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "exec":
+            return asyncio.run(_exec(args))
+        if args.command == "bench":
+            from trialbox.bench.sandbox import main as bench_main
+            return bench_main(args)
+        if args.command == "demo":
+            from trialbox.demo import main as demo_main
+            return demo_main()
+    except UsageError as e:
+        print(f"trialbox: error: {e}", file=sys.stderr)
+        return 2
+    except InfraError as e:
+        print(f"trialbox: infrastructure failure: {e}", file=sys.stderr)
+        return 3
+    return 2
+
+
+def _read_stdin() -> bytes:
+    if sys.stdin is None or sys.stdin.isatty():
+        return b""
+    return sys.stdin.buffer.read()
+
+
+async def _exec(args: argparse.Namespace) -> int:
+    from trialbox.sandbox import open_sandbox, run_code
+    from trialbox.types import ExecStatus
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if bool(args.file) == bool(cmd):
+        raise UsageError("give exactly one of --file PROG or -- CMD ARGS…")
+    limits = _limits(args)
+    stdin = _read_stdin()
+    sb = await open_sandbox(args.tier, limits)
+    try:
+        if args.file:
+            try:
+                with open(args.file, "rb") as f:
+                    source = f.read()
+            except OSError as e:
+                raise UsageError(f"cannot read --file {args.file}: {e.strerror}") from e
+            lang = args.language or EXT_LANG.get(os.path.splitext(args.file)[1])
+            if lang is None:
+                raise UsageError(f"cannot tell the language of {args.file!r} from its "
+                                 "extension; pass --language")
+            result = await run_code(sb, source, lang, stdin=stdin, limits=limits)
+        else:
+            result = await sb.exec(cmd, stdin=stdin, limits=limits)
+    finally:
+        await sb.close()
+    if args.json:
+        print(json.dumps(result.to_json(), indent=None))
+    else:
+        sys.stdout.buffer.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(result.stderr)
+        print(f"[trialbox] status={result.status.value} exit={result.exit_code} "
+              f"signal={result.signal} wall={result.wall_ms:.1f}ms cpu={result.cpu_ms:.1f}ms "
+              f"peak={result.peak_memory_bytes // 1024}KiB {result.message}",
+              file=sys.stderr)
+    if result.status is ExecStatus.INFRA:
+        return 3
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

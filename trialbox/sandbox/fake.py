@@ -1,0 +1,72 @@
+"""`FakeSandbox`: an in-memory stand-in for the `Sandbox` interface, for testing the
+layers above (judge, scheduler, agent loop) without isolation or root.
+
+It never runs anything: a `handler` you supply turns each command into an `ExecResult`.
+
+    async def handler(argv, stdin, files):
+        return ExecResult(ExecStatus.OK, exit_code=0, stdout=files["main.py"])
+
+    async with FakeSandbox(handler) as sb:
+        await sb.write_file("main.py", b"print(1)")
+        assert (await sb.exec(["python3", "main.py"])).stdout == b"print(1)"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from trialbox.errors import UsageError
+from trialbox.sandbox.mounts import _parts
+from trialbox.types import ExecResult, ExecStatus, Limits
+
+Handler = Callable[[list[str], bytes, dict[str, bytes]], Awaitable[ExecResult]]
+
+
+async def _ok(argv: list[str], stdin: bytes, files: dict[str, bytes]) -> ExecResult:
+    return ExecResult(ExecStatus.OK, exit_code=0, tier="fake")
+
+
+class FakeSandbox:
+    """Records every call in `calls`; files live in the `files` dict."""
+
+    tier = "fake"
+
+    def __init__(self, handler: Handler = _ok, limits: Limits | None = None):
+        self.handler = handler
+        self.limits = limits or Limits()
+        self.files: dict[str, bytes] = {}
+        self.calls: list[list[str]] = []
+        self.closed = False
+
+    async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
+                   limits: Limits | None = None, env: Mapping[str, str] | None = None,
+                   cwd: str = "/workspace") -> ExecResult:
+        if self.closed:
+            raise UsageError("this sandbox session is closed; open a new one")
+        if isinstance(argv, (str, bytes)) or not argv:
+            raise UsageError("argv must be a non-empty list of strings")
+        self.calls.append(list(argv))
+        return await self.handler(list(argv), bytes(stdin), self.files)
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        if not isinstance(data, (bytes, bytearray)):
+            raise UsageError("file data must be bytes")
+        self.files["/".join(_parts(path))] = bytes(data)
+
+    async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
+        key = "/".join(_parts(path))
+        if key not in self.files:
+            raise UsageError(f"no file {path!r} in the workspace")
+        return self.files[key][:max_bytes]
+
+    async def list_files(self) -> list[str]:
+        return sorted(self.files)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def __aenter__(self) -> FakeSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
