@@ -17,8 +17,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from trialbox.errors import InfraError, UsageError
+from trialbox.types import Limits
 
 EXT_LANG = {".py": "python", ".sh": "bash", ".c": "c", ".cpp": "cpp", ".cc": "cpp",
             ".cxx": "cpp"}
@@ -36,9 +38,8 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", action="store_true", help="give the run the host network")
 
 
-def _limits(args: argparse.Namespace):  # -> Limits
-    from trialbox.types import Limits
-    changes = {k: v for k, v in (
+def _limits(args: argparse.Namespace) -> Limits:
+    changes: dict[str, Any] = {k: v for k, v in (
         ("wall_s", args.timeout), ("cpu_s", args.cpu_s), ("memory_mb", args.memory_mb),
         ("disk_mb", args.disk_mb), ("pids", args.pids),
         ("output_bytes", args.output_bytes)) if v is not None}
@@ -46,7 +47,7 @@ def _limits(args: argparse.Namespace):  # -> Limits
         changes["cpu_s"] = args.timeout
     if args.network:
         changes["network"] = True
-    return Limits(**changes)  # type: ignore[arg-type]
+    return Limits(**changes)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -133,6 +133,11 @@ class Runtime:
     digest: str = ""
     """sha256 of the interpreter binary, so a result names exactly what ran."""
 
+    @property
+    def id(self) -> str:
+        """What results record: `python3.11-system@sha256:0123456789abcdef`."""
+        return f"{self.name}@sha256:{self.digest[:16]}" if self.digest else self.name
+
 
 @dataclass(frozen=True)
 class ExecResult:
@@ -156,7 +161,7 @@ class ExecResult:
     message: str = ""
     """Why, in words, when the status is not `ok` (limit hit, infra cause)."""
     runtime: str = ""
-    """`Runtime.name` of the environment that ran the code."""
+    """`Runtime.id` of the environment that ran the code (name and interpreter hash)."""
     tier: str = ""
     """Isolation tier that ran it, e.g. `namespace`."""
     compile: ExecResult | None = field(default=None)

@@ -38,9 +38,9 @@ async def default_pool(config: PoolConfig | None = None) -> CellPool:
     """The process's pool for the running event loop, started on first use and closed
     at interpreter exit (pools bound to closed loops are closed on the next call)."""
     loop = asyncio.get_running_loop()
-    for other, pool in list(_pools.items()):
+    for other, old in list(_pools.items()):
         if other.is_closed():
-            pool.close_sync()
+            old.close_sync()
             del _pools[other]
     pool = _pools.get(loop)
     if pool is None or pool.closed:

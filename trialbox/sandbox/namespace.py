@@ -15,10 +15,8 @@ tmpfs: nothing reaches the next session.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
-import socket
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -142,6 +140,9 @@ class NamespaceSandbox:
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
                    cwd: str = "/workspace") -> ExecResult:
         self._check_open()
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a trialbox.types.Limits, got "
+                             f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
         limits = limits or self.limits
         if limits.network != self.limits.network:
             raise UsageError("Limits.network is fixed when the session opens (it shapes "
@@ -154,34 +155,50 @@ class NamespaceSandbox:
             raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
         async with self._lock:
             self._check_open()
-            try:
-                cell = await self._cell()
-            except (SandboxStartError, ZygoteDied, OSError) as e:
-                return self._infra(f"no sandbox could be started: {e}")
-            result = await _Run(self, cell, spec, bytes(stdin), limits).run()
-            if result.status is ExecStatus.INFRA or not cell.alive:
-                self._drop_cell()  # the next run gets a fresh cell; files are kept
+            for _attempt in range(2):
+                try:
+                    cell = await self._cell()
+                except (SandboxStartError, ZygoteDied, OSError) as e:
+                    return self._infra(f"no sandbox could be started: {e}")
+                run = _Run(self, cell, spec, bytes(stdin), limits)
+                result = await run.run()
+                if result.status is ExecStatus.INFRA or not cell.alive:
+                    self._drop_cell()  # the next run gets a fresh cell; files are kept
+                # A cell that broke before the program's first instruction ran nothing of
+                # the candidate's: run it once more on a fresh cell.
+                if not (result.status is ExecStatus.INFRA and not run.started):
+                    break
             return result
 
     async def _cell(self) -> Cell:
-        """The session's cell: taken from the pool at the first run, workspace attached."""
+        """The session's cell: taken from the pool at the first run, workspace attached.
+
+        A warm cell can die unnoticed (its zygote was killed): then try another.
+        """
         if self.cell is not None and self.cell.alive:
             return self.cell
         self._drop_cell()
-        cell = await self.pool.acquire(self.limits.network)
-        trees: list[int] = []
-        try:
-            for path in self.mount_sources:
-                trees.append(mounts.open_tree_clone(path))
-            cell.send({"op": "open", "mounts": MOUNT_TARGETS}, trees)
-        except BaseException:
-            self.pool.done_with(cell)
-            raise
-        finally:
-            for fd in trees:
-                os.close(fd)
-        self.cell = cell
-        return cell
+        for attempt in range(3):
+            cell = await self.pool.acquire(self.limits.network)
+            trees: list[int] = []
+            try:
+                for path in self.mount_sources:
+                    trees.append(mounts.open_tree_clone(path))
+                cell.send({"op": "open", "mounts": MOUNT_TARGETS}, trees)
+            except OSError:
+                self.pool.done_with(cell)
+                if attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                self.pool.done_with(cell)
+                raise
+            finally:
+                for fd in trees:
+                    os.close(fd)
+            self.cell = cell
+            return cell
+        raise AssertionError("unreachable")
 
     def _drop_cell(self) -> None:
         if self.cell is not None:
@@ -190,7 +207,7 @@ class NamespaceSandbox:
 
     def _infra(self, message: str) -> ExecResult:
         return ExecResult(status=ExecStatus.INFRA, message=message,
-                          runtime=self.pool.runtime.name, tier=self.tier)
+                          runtime=self.pool.runtime.id, tier=self.tier)
 
     def _spec(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
               limits: Limits) -> dict[str, object]:
@@ -207,11 +224,7 @@ class NamespaceSandbox:
                 raise UsageError(f"env entries must be str -> str, keys without '=' or "
                                  f"NUL; got {k!r}: {v!r}")
             run_env[k] = v
-        if not isinstance(cwd, str) or not (cwd == "/workspace"
-                                            or cwd.startswith("/workspace/")
-                                            or cwd == "/tmp"):
-            raise UsageError(f"cwd must be /workspace, a directory under it, or /tmp; got "
-                             f"{cwd!r}")
+        self._check_cwd(cwd)
         mode, path = self._resolve(list(argv), run_env["PATH"], cwd)
         # The CPU limit is enforced on the cgroup's total by `_Run._check_cpu`; the
         # per-process RLIMIT_CPU is only a backstop set well above it (the kernel's
@@ -226,6 +239,22 @@ class NamespaceSandbox:
                         "RLIMIT_CORE": [0, 0],
                         "RLIMIT_FSIZE": [limits.disk_bytes, limits.disk_bytes]},
         }
+
+    def _check_cwd(self, cwd: str) -> None:
+        """cwd must be an existing directory of the session (links are not followed)."""
+        if not isinstance(cwd, str) or "\x00" in cwd:
+            raise UsageError(f"cwd must be a string, got {cwd!r}")
+        parts = [p for p in cwd.split("/") if p not in ("", ".")]
+        if ".." in parts or not parts or parts[0] not in ("workspace", "tmp"):
+            raise UsageError(f"cwd must be /workspace, a directory under it, or /tmp "
+                             f"(no '..'); got {cwd!r}")
+        host = "work" if parts[0] == "workspace" else "tmp"
+        try:
+            fd = mounts._open_dir_chain(os.path.join(self.dir, host), parts[1:], False, 0)
+        except (FileNotFoundError, NotADirectoryError, UsageError) as e:
+            raise UsageError(f"cwd {cwd!r} is not a directory in the session (create it "
+                             "first, e.g. with mkdir in an earlier run)") from e
+        os.close(fd)
 
     def _resolve(self, argv: list[str], path_var: str, cwd: str) -> tuple[str, str]:
         """("python", interpreter) for Python scripts (run warm), else ("exec", path).
@@ -307,9 +336,16 @@ class _Run:
                 i += 1
             elif tag == b"R":
                 i += 1
-            else:  # E + text, or garbage: either way the machinery failed
-                text = buf[i + 1:] if tag == b"E" else buf[i:i + 32]
-                cell.error = text.decode(errors="replace")
+            elif tag == b"E":  # E + uint16 length + text: the machinery failed
+                if len(buf) < i + 3:
+                    return
+                n = struct.unpack("<H", buf[i + 1:i + 3])[0]
+                if len(buf) < i + 3 + n:
+                    return
+                cell.error = buf[i + 3:i + 3 + n].decode(errors="replace")
+                i += 3 + n
+            else:  # garbage: the machinery failed
+                cell.error = f"unexpected status bytes {buf[i:i + 32]!r}"
                 return
 
     def _on_output(self, reader: FdReader) -> None:
@@ -404,7 +440,7 @@ class _Run:
             wall_ms=round(wall_ms, 3),
             cpu_ms=round(stats.cpu_ns / 1e6, 3) if stats else 0.0,
             peak_memory_bytes=stats.peak_bytes if stats else 0,
-            runtime=self.pool.runtime.name, tier=self.sb.tier)
+            runtime=self.pool.runtime.id, tier=self.sb.tier)
         status, code, sig, message = self._classify(stats.oom_kills if stats else 0,
                                                     stats.cpu_ns if stats else 0)
         return ExecResult(status=status, exit_code=code, signal=sig, message=message,
@@ -418,7 +454,8 @@ class _Run:
             return ExecStatus.INFRA, None, None, f"sandbox setup failed: {cause}"
         reason = self.kill_reason
         if reason in (ExecStatus.TIMEOUT, ExecStatus.OUTPUT, ExecStatus.INFRA):
-            return reason, None, 9, self.kill_message  # type: ignore[return-value]
+            assert reason is not None
+            return reason, None, 9, self.kill_message
         st = self.wait_status
         if st is None:
             return (ExecStatus.INFRA, None, None,

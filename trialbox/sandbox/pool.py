@@ -235,7 +235,7 @@ class Cell:
             if buf.startswith(b"R"):
                 self.ready.set_result(None)
             elif buf:
-                self.error = buf[1:].decode(errors="replace") if buf.startswith(b"E") \
+                self.error = buf[3:].decode(errors="replace") if buf.startswith(b"E") \
                     else f"unexpected status bytes {buf[:16]!r}"
                 self.ready.set_exception(SandboxStartError(f"cell {self.id}: {self.error}"))
         if self.on_status is not None:
@@ -314,6 +314,7 @@ class CellPool:
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="trialbox-cgroups")
         self.closed = False
         self.started = False
+        self.zygote_restarts = 0
         self.reaped: dict[str, int] = {}
 
     # ---------------------------------------------------------------- lifecycle
@@ -476,18 +477,38 @@ class CellPool:
         self._uids_in_use.discard(uid)
 
     # ---------------------------------------------------------------- cells
+    def _ensure_zygote(self) -> None:
+        """Start a new zygote if the last one died (its cells died with it: their
+        sessions get `infra` once and a fresh cell on their next run)."""
+        if self._zproc is not None and self._zproc.poll() is None:
+            return
+        log.warning("zygote exited (%s); starting a new one: %s",
+                    self._zproc.returncode if self._zproc else None, self.zygote_log_tail())
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        self.zygote_restarts += 1
+        while self._ready:
+            self.release(self._ready.popleft())
+        self._spawn_zygote()
+
     async def _make_cell(self, net: bool) -> Cell:
         if self.closed:
             raise ZygoteDied("the pool is closed")
+        self._ensure_zygote()
         self._seq += 1
         cell = Cell(self, f"c{self._seq}", net, self.config.default_limits)
-        procs, cell.files = await self.loop.run_in_executor(
-            self._janitor, self._create_cgroup, cell.rel, cell.limits)
-        cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs]
+        self._live[cell.id] = cell  # live before its cgroup exists: never looks stray
+        try:
+            procs, cell.files = await self.loop.run_in_executor(
+                self._janitor, self._create_cgroup, cell.rel, cell.limits)
+            cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs]
+        except BaseException:
+            self.release(cell)
+            raise
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         go_parent, go_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cell.go = go_parent
-        self._live[cell.id] = cell
         try:
             cell.status = FdReader(self.loop, status_r, 4096, cell._status_data)
             cell.status.done.add_done_callback(cell._status_eof)
@@ -518,6 +539,9 @@ class CellPool:
             raise ZygoteDied("the pool is closed")
         self._in_use += 1
         self._note_demand()
+        if self._zproc is not None and self._zproc.poll() is not None:
+            while self._ready:  # cells of a dead zygote die with it
+                self.release(self._ready.popleft())
         try:
             if not net:
                 while self._ready:
@@ -593,7 +617,10 @@ class CellPool:
         while len(self._ready) > target:
             self._ready.pop().discard()
         if self._failures >= 3:
-            return
+            if self._zproc is not None and self._zproc.poll() is not None:
+                self._failures = 0  # the zygote died: the next warm restarts it
+            else:
+                return
         while (len(self._ready) + self._warming < target
                and self._warming < self.config.max_warming):
             self._warming += 1

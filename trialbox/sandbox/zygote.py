@@ -128,9 +128,15 @@ def recv_msg(sock):
 
 def report(fd, tag, payload=b""):
     try:
-        os.write(fd, tag + payload)
+        _write(fd, tag + payload)
     except OSError:
         pass
+
+
+def report_error(fd, text):
+    """`E` + uint16 length + text: framed, so the records after it can still be read."""
+    data = text.encode(errors="replace")[:400]
+    report(fd, b"E", struct.pack("<H", len(data)) + data)
 
 
 # --------------------------------------------------------------------------- zygote
@@ -235,7 +241,7 @@ def warm(ctl, msg, fds):
     try:
         pid = os.fork()
     except OSError as e:
-        report(status_w, b"E", ("zygote fork failed: %s" % e).encode())
+        report_error(status_w, "zygote fork failed: %s" % e)
         return
     finally:
         if os.getpid() == ZYGOTE_PID:
@@ -248,7 +254,7 @@ def warm(ctl, msg, fds):
             os.close(PIDNS_FD)
             cell_init(msg, fds[0], fds[1], fds[2:])
         except BaseException as e:  # report everything: this is infrastructure
-            report(status_w, b"E", ("cell setup (B): %r" % (e,)).encode()[:400])
+            report_error(status_w, "cell setup (B): %r" % (e,))
             code = 70
         _exit(code)
     CELLS[msg["cell"]] = pid
@@ -318,7 +324,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
             break
         op = msg.get("op")
         if op == "open":
-            for fd, target in zip(fds, msg["mounts"]):
+            for fd, target in zip(fds, msg["mounts"], strict=False):
                 _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
                                     MOVE_MOUNT_F_EMPTY_PATH), "move_mount " + target)
         elif op == "go":
@@ -348,7 +354,7 @@ def spawn_candidate(status_w, cg_fds, first):
             parent.close()
             candidate(status_w, child, cg_fds, first)
         except BaseException as e:
-            report(status_w, b"E", ("cell setup (C): %r" % (e,)).encode()[:400])
+            report_error(status_w, "cell setup (C): %r" % (e,))
             code = 70
         _exit(code)
     child.close()

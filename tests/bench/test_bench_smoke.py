@@ -1,0 +1,92 @@
+"""Smoke test of `trialbox bench sandbox`: tiny parameters, every system (trialbox,
+trialbox-1shot, plain, bwrap), sane numbers.
+
+The benchmark runs in a child process, through the same `main` as the CLI: it starts its
+own CellPool and swaps asyncio's child watcher, none of which should touch the test
+process; its exit status and stdout are checked as a user would see them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trialbox.bench.sandbox import SYSTEMS, TABLE_WIDTH, parse_levels, percentile
+from trialbox.errors import UsageError
+
+ARGS = ["bench", "sandbox", "--json", "--runs", "5", "--seconds", "0.5",
+        "--concurrency", "1,2"]
+CHILD = ("import sys\n"
+         "from trialbox.cli import build_parser\n"
+         "from trialbox.bench.sandbox import main\n"
+         "sys.exit(main(build_parser().parse_args(sys.argv[1:])))\n")
+
+
+def test_parse_levels_and_percentile() -> None:
+    assert parse_levels("1, 2,4,8,2") == [1, 2, 4, 8]
+    for bad in ("", "0", "a", "1,-2"):
+        with pytest.raises(UsageError):
+            parse_levels(bad)
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([1.0, 2.0], 100) == 2.0
+    assert math.isnan(percentile([], 50))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the namespace tier needs root")
+@pytest.mark.skipif(not os.access("/usr/bin/bwrap", os.X_OK),
+                    reason="bubblewrap (the baseline) is not installed")
+def test_bench_sandbox_smoke(tmp_path) -> None:
+    out_file = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-c", CHILD, *ARGS, "--out", str(out_file)],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    res = json.loads(lines[-1])  # --json: the JSON object is the last line
+    assert json.loads(out_file.read_text()) == res
+    table = lines[:-1]
+    assert any("Throughput" in ln for ln in table) and any("latency" in ln for ln in table)
+    assert any("1shot/plain" in ln for ln in table)
+    assert any(ln.strip().startswith("trialbox-1shot ") for ln in table)
+    # Readable width: every line of the table but the machine line (CPU model) and
+    # any PROBLEMS (error text) fits.
+    end = table.index("PROBLEMS:") if "PROBLEMS:" in table else len(table)
+    too_wide = [ln for ln in table[1:end] if len(ln) > TABLE_WIDTH]
+    assert not too_wide, too_wide
+
+    assert res["ok"] is True and res["failures"] == 0 and res["problems"] == []
+    assert res["params"]["concurrency"] == [1, 2]
+    m = res["machine"]
+    assert m["nproc"] >= 1 and m["kernel"] and m["python"] and m["date"]
+    assert m["pool_shared"] is True  # trialbox-1shot draws from trialbox's pool
+    assert "trialbox-1shot" in SYSTEMS
+    assert set(res["systems"]) == set(SYSTEMS)
+    assert set(res["latency"]) == set(SYSTEMS) == set(res["throughput"])
+    for name in SYSTEMS:
+        lat = res["latency"][name]
+        assert lat["runs"] == 5 and lat["failed"] == 0
+        for key in ("p50_ms", "p95_ms", "min_ms", "e2e_p50_ms"):
+            assert 0 < lat[key] < 10_000, (name, key, lat)
+        assert lat["min_ms"] <= lat["p50_ms"] <= lat["p95_ms"]
+        assert lat["p50_ms"] <= lat["e2e_p50_ms"]
+        for level in ("1", "2"):
+            pt = res["throughput"][name][level]
+            assert pt["runs_per_s"] > 0 and pt["ok"] > 0 and pt["failed"] == 0, (name, pt)
+            assert len(pt["rounds"]) == 2
+    ratios = res["ratios"]
+    for tb in ("trialbox", "trialbox_1shot"):
+        for other in ("plain", "bwrap"):
+            assert ratios[f"latency_p50_{other}_over_{tb}"] > 0
+            assert ratios[f"e2e_p50_{other}_over_{tb}"] > 0
+            by_level = ratios[f"throughput_{tb}_over_{other}"]
+            assert set(by_level) == {"1", "2"} and all(x > 0 for x in by_level.values())
+    assert res["goals"]["latency_p50"]["target_ms"] == 5.0
+    assert res["goals"]["latency_p50"]["system"] == "trialbox"
+    assert res["goals"]["throughput_vs_plain"]["system"] == "trialbox"
+    assert isinstance(res["goals"]["throughput_vs_plain"]["met"], bool)
+    assert isinstance(res["goals"]["latency_p50"]["met"], bool)

@@ -1,0 +1,137 @@
+"""The warm pool: warm cells, growth and shrinkage, zygote death, orphan reaping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig
+from trialbox.sandbox.mounts import mounts_under
+from trialbox.types import ExecStatus, Limits
+
+FAST = Limits(wall_s=3, memory_mb=128, disk_mb=16)
+
+
+def test_pool_keeps_cells_warm_and_grows_with_demand(runner):
+    pool = runner.pool
+
+    async def body():
+        for _ in range(100):  # let the refill settle
+            if pool.ready_count >= pool.config.warm:
+                break
+            await asyncio.sleep(0.02)
+        assert pool.ready_count >= pool.config.warm
+        sessions = [await NamespaceSandbox.open(pool, FAST) for _ in range(6)]
+        results = await asyncio.gather(*(sb.exec(["python3", "-c", "print(7)"])
+                                         for sb in sessions))
+        assert all(r.status is ExecStatus.OK and r.stdout == b"7\n" for r in results)
+        assert pool.target() >= 6, "six sessions at once: the pool aims for six warm cells"
+        for sb in sessions:
+            await sb.close()
+        for _ in range(200):
+            if pool.ready_count >= 6:
+                break
+            await asyncio.sleep(0.02)
+        return pool.ready_count
+    assert runner.run(body()) >= 6
+    runner.assert_no_leaks()
+
+
+def test_pool_shrinks_after_demand_falls():
+    async def body():
+        pool = await CellPool(PoolConfig(warm=1, max_warm=8, shrink_after_s=0.3)).start()
+        try:
+            sessions = [await NamespaceSandbox.open(pool, FAST) for _ in range(5)]
+            await asyncio.gather(*(sb.exec(["true"]) for sb in sessions))
+            for sb in sessions:
+                await sb.close()
+            grown = pool.target()
+            await asyncio.sleep(0.5)
+            sb = await NamespaceSandbox.open(pool, FAST)  # a new demand reading
+            await sb.exec(["true"])
+            await sb.close()
+            return grown, pool.target(), pool.ready_count
+        finally:
+            await pool.close()
+    grown, target, ready = asyncio.run(body())
+    assert grown >= 5
+    assert target == 1 and ready <= 2, (target, ready)
+
+
+def test_zygote_death_is_infra_then_recovers(runner):
+    """Killing the fork server mid-session is the machinery failing: the run in flight
+    reports `infra` (never a candidate status), and the next run gets a new cell from a
+    restarted zygote, with the session's files intact."""
+    pool = runner.pool
+
+    async def body():
+        async with await NamespaceSandbox.open(pool, FAST) as sb:
+            await sb.write_file("keep.txt", b"kept")
+            first = await sb.exec(["sleep", "0.01"])
+            assert first.status is ExecStatus.OK
+            task = asyncio.ensure_future(sb.exec(["sleep", "2"]))
+            await asyncio.sleep(0.3)
+            os.kill(pool._zproc.pid, signal.SIGKILL)
+            during = await task
+            after = await sb.exec(["cat", "keep.txt"])
+            return during, after
+    during, after = runner.run(body())
+    assert during.status is ExecStatus.INFRA, during
+    assert after.status is ExecStatus.OK and after.stdout == b"kept", after
+    assert pool.zygote_restarts >= 1
+    runner.assert_no_leaks()
+
+
+ORPHAN_MAKER = textwrap.dedent("""
+    import asyncio, sys
+    from trialbox.sandbox import CellPool, PoolConfig, NamespaceSandbox
+    from trialbox.types import Limits
+    async def main():
+        pool = await CellPool(PoolConfig(warm=2)).start()
+        sb = await NamespaceSandbox.open(pool, Limits(wall_s=60, disk_mb=8))
+        await sb.write_file("f", b"x")
+        print(pool.id, flush=True)
+        await sb.exec(["sleep", "60"])
+    asyncio.run(main())
+""")
+
+
+def test_orphans_of_a_killed_pool_are_reaped(tmp_path):
+    """kill -9 the process that owns a pool mid-run: its processes die with it, and the
+    next pool's start removes the cgroups and mounts it left."""
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_MAKER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pool_id = proc.stdout.readline().strip()
+    assert pool_id, "the orphan maker did not start"
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait()
+    state = os.path.join(PoolConfig().state_dir, pool_id)
+    assert os.path.isdir(state) and mounts_under(state), "the dead pool should leave state"
+
+    async def body():
+        pool = await CellPool(PoolConfig(warm=0)).start()
+        await pool.close()
+        return pool.reaped
+    reaped = asyncio.run(body())
+    assert reaped["mounts"] >= 1 and reaped["cgroups"] >= 1, reaped
+    assert not os.path.exists(state)
+    assert not mounts_under(state)
+    for ctrl in ("memory", "pids", "cpu", "cpuacct"):
+        assert not os.path.exists(f"/sys/fs/cgroup/{ctrl}/trialbox/{pool_id}")
+    # the killed pool's sandboxes died with it (parent-death signals down the chain)
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                if pool_id in f.read():
+                    alive.append(pid)
+        except OSError:
+            pass
+    assert not alive, alive

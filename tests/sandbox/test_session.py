@@ -1,0 +1,383 @@
+"""Sessions of the namespace tier: what persists within one, what never crosses two.
+
+A session is a private workspace kept across runs and deleted at close; the file API
+(write_file / read_file / list_files) works on the same files the runs see, and never
+follows a link the candidate made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from tests.sandbox.conftest import CANDIDATE_STATUSES, describe, limits, no_leaks
+from trialbox.errors import UsageError
+from trialbox.sandbox import NamespaceSandbox, run_code
+from trialbox.types import ExecStatus
+
+
+async def _open(runner, **changes):
+    return await NamespaceSandbox.open(runner.pool, limits(**changes))
+
+
+async def _sh(sb, script: str, **kw):
+    return await sb.exec(["/bin/bash", "-c", script], **kw)
+
+
+# ------------------------------------------------------------------ within a session
+
+
+def test_files_persist_across_runs(runner):
+    async def body():
+        async with await _open(runner) as sb:
+            r1 = await _sh(sb, "echo one > a.txt && mkdir -p d/e && printf two > d/e/b.bin")
+            assert r1.status is ExecStatus.OK, describe(r1)
+            r2 = await _sh(sb, "cat a.txt d/e/b.bin")
+            assert r2.status is ExecStatus.OK, describe(r2)
+            assert r2.stdout == b"one\ntwo"
+            assert await sb.read_file("a.txt") == b"one\n"
+            assert await sb.read_file("/workspace/d/e/b.bin") == b"two"
+            assert await sb.list_files() == ["a.txt", "d/e/b.bin"]
+    runner.run(body())
+    no_leaks(runner)
+
+
+def test_write_file_is_seen_by_runs(runner):
+    async def body():
+        async with await _open(runner) as sb:
+            await sb.write_file("in/data.bin", bytes(range(256)))
+            await sb.write_file("/workspace/run.sh", b"#!/bin/sh\necho ran $1\n", mode=0o755)
+            r = await sb.exec(["python3", "-c",
+                               ("import sys; d = open('in/data.bin', 'rb').read();"
+                                " print(d == bytes(range(256)), len(d))")])
+            assert r.stdout == b"True 256\n", describe(r)
+            r = await sb.exec(["./run.sh", "x"])
+            assert (r.status, r.stdout) == (ExecStatus.OK, b"ran x\n"), describe(r)
+            r = await _sh(sb, "stat -c '%u %a' in/data.bin run.sh; id -u")
+            assert r.stdout == b"1000 644\n1000 755\n1000\n", describe(r)
+            await sb.write_file("in/data.bin", b"overwritten")  # replacing is allowed
+            r = await _sh(sb, "cat in/data.bin")
+            assert r.stdout == b"overwritten"
+            assert await sb.list_files() == ["in/data.bin", "run.sh"]
+    runner.run(body())
+
+
+def test_tmp_persists_within_a_session(runner):
+    async def body():
+        async with await _open(runner) as sb:
+            await _sh(sb, "echo kept > /tmp/t && echo shm > /dev/shm/s")
+            r = await _sh(sb, "cat /tmp/t /dev/shm/s")
+            assert r.stdout == b"kept\nshm\n", describe(r)
+    runner.run(body())
+
+
+def test_run_code_in_a_session_sees_earlier_files(runner):
+    async def body():
+        async with await _open(runner) as sb:
+            await sb.write_file("helper.py", b"def triple(x):\n    return 3 * x\n")
+            r = await run_code(sb, "from helper import triple\nprint(triple(14))")
+            assert (r.status, r.stdout) == (ExecStatus.OK, b"42\n"), describe(r)
+    runner.run(body())
+
+
+def test_status_and_measures_are_per_run_not_per_session(runner):
+    """One session, several runs: an OOM kill, CPU use or memory peak of an earlier run
+    must not colour a later run's status or numbers."""
+    hog = "b = []\nwhile True:\n    b.append(b'x' * 10**7)"
+    spin = ("import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.7:\n    pass")
+
+    async def body():
+        async with await _open(runner, memory_mb=64, cpu_s=1, wall_s=3) as sb:
+            r1 = await run_code(sb, hog)
+            r2 = await run_code(sb, "import sys; sys.exit(3)")
+            r3 = await run_code(sb, "print('small')")
+            r4 = await run_code(sb, spin)
+            r5 = await run_code(sb, spin)
+            r6 = await run_code(sb, "print('idle')")
+            return r1, r2, r3, r4, r5, r6
+    r1, r2, r3, r4, r5, r6 = runner.run(body())
+    assert r1.status is ExecStatus.MEMORY, describe(r1)
+    assert (r2.status, r2.exit_code) == (ExecStatus.EXIT, 3), describe(r2)
+    assert (r3.status, r3.message) == (ExecStatus.OK, ""), describe(r3)
+    assert r3.peak_memory_bytes < 40 << 20, r3.peak_memory_bytes
+    # 0.7 s each: two together pass cpu_s=1, neither alone does
+    assert r4.status is ExecStatus.OK, describe(r4)
+    assert r5.status is ExecStatus.OK, describe(r5)
+    assert 600 <= r5.cpu_ms < 1000, r5.cpu_ms
+    assert r6.cpu_ms < 300, r6.cpu_ms
+    no_leaks(runner)
+
+
+def test_session_keeps_working_after_every_kind_of_kill(runner):
+    """Each limit kill ends one run; the session, its files and its next run are fine."""
+    steps = [
+        ("import time; time.sleep(60)", ExecStatus.TIMEOUT),
+        ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", ExecStatus.OUTPUT),
+        ("b = []\nwhile True:\n    b.append(b'x' * 10**7)", ExecStatus.MEMORY),
+        ("import os; os.abort()", ExecStatus.SIGNAL),
+        ("while True:\n    pass", ExecStatus.TIMEOUT),
+    ]
+
+    async def body():
+        async with await _open(runner, wall_s=1, cpu_s=0.5, memory_mb=64) as sb:
+            await sb.write_file("kept.txt", b"still here")
+            out = []
+            for code, _ in steps:
+                out.append(await run_code(sb, code))
+                out.append(await _sh(sb, "cat kept.txt; echo; ls /proc | grep -c '^[0-9]'"))
+            return out
+    out = runner.run(body())
+    for (code, want), killed, after in zip(steps, out[::2], out[1::2], strict=True):
+        assert killed.status is want, (code, describe(killed))
+        assert after.status is ExecStatus.OK, (code, describe(after))
+        # the file survives, and only this run's own processes are there (bash, ls, grep)
+        text, count = after.stdout.decode().splitlines()
+        assert text == "still here", describe(after)
+        assert int(count) <= 4, (code, describe(after))
+    no_leaks(runner)
+
+
+def test_run_limits_apply_to_that_run_only(runner):
+    """A run with its own (smaller) limits, then a run with the session's again."""
+    alloc = ("b = bytearray(80 << 20)\nfor i in range(0, len(b), 4096):\n    b[i] = 1\n"
+             "print('allocated')")
+
+    async def body():
+        async with await _open(runner, memory_mb=128) as sb:
+            small = await run_code(sb, alloc, limits=limits(memory_mb=48))
+            again = await run_code(sb, alloc)
+            return small, again
+    small, again = runner.run(body())
+    assert small.status is ExecStatus.MEMORY and "memory_mb=48" in small.message, \
+        describe(small)
+    assert (again.status, again.stdout) == (ExecStatus.OK, b"allocated\n"), describe(again)
+
+
+# ------------------------------------------------------------------ between sessions
+
+
+def test_nothing_persists_between_sessions(runner):
+    async def body():
+        async with await _open(runner) as a:
+            await a.write_file("api.txt", b"from session A")
+            r = await _sh(a, "echo A > ws.txt; echo A > /tmp/tmp.txt; echo A > /dev/shm/shm.txt;"
+                             " ls -a /workspace /tmp /dev/shm")
+            assert r.status is ExecStatus.OK, describe(r)
+        async with await _open(runner) as b:
+            assert await b.list_files() == []
+            r = await _sh(b, "ls -A /workspace /tmp /dev/shm; cat ws.txt api.txt "
+                             "/tmp/tmp.txt /dev/shm/shm.txt")
+            assert r.status is ExecStatus.EXIT, describe(r)
+            assert b"A" not in r.stdout.replace(b"/", b"")
+            assert r.stdout == b"/dev/shm:\n\n/tmp:\n\n/workspace:\n", describe(r)
+            with pytest.raises(UsageError):
+                await b.read_file("api.txt")
+    runner.run(body())
+    no_leaks(runner)
+
+
+def test_open_sessions_do_not_see_each_other(runner):
+    async def body():
+        async with await _open(runner) as a, await _open(runner) as b:
+            await _sh(a, "echo secret-a > mine; echo secret-a > /tmp/mine")
+            r = await _sh(b, "ls -A /workspace /tmp /dev/shm; cat /tmp/mine mine; "
+                             "find / -path /proc -prune -o -path /usr -prune -o -name mine "
+                             "-print")
+            assert r.status in CANDIDATE_STATUSES, describe(r)
+            assert r.stdout == b"/dev/shm:\n\n/tmp:\n\n/workspace:\n", describe(r)
+            assert await a.read_file("mine") == b"secret-a\n"
+    runner.run(body())
+
+
+# ------------------------------------------------------------------ close
+
+
+def test_close_is_idempotent_and_closed_session_refuses(runner):
+    async def body():
+        sb = await _open(runner)
+        await sb.write_file("x", b"1")
+        await sb.close()
+        await sb.close()
+        async with sb:  # __aexit__ closes again: still fine
+            pass
+        for call in (lambda: sb.exec(["true"]), lambda: sb.write_file("y", b"2"),
+                     lambda: sb.read_file("x"), lambda: sb.list_files(),
+                     lambda: run_code(sb, "print(1)")):
+            with pytest.raises(UsageError, match="closed"):
+                await call()
+    runner.run(body())
+    no_leaks(runner)
+
+
+def test_close_while_a_run_is_in_flight(runner):
+    """Closing from another task while a run sleeps: the run ends (no hang), nothing
+    leaks, and the session stays closed."""
+    async def body():
+        sb = await _open(runner, wall_s=1.5)
+        task = asyncio.ensure_future(_sh(sb, "sleep 30"))
+        await asyncio.sleep(0.3)
+        t = time.monotonic()
+        await sb.close()
+        r = await asyncio.wait_for(task, 5)
+        assert time.monotonic() - t < 3
+        assert r.status is not ExecStatus.OK, describe(r)
+        with pytest.raises(UsageError):
+            await sb.exec(["true"])
+    runner.run(body())
+    no_leaks(runner)
+
+
+# ------------------------------------------------------------------ the file API and links
+
+
+def test_read_file_refuses_candidate_symlinks(runner):
+    shadow = b""
+    if os.path.exists("/etc/shadow"):
+        with open("/etc/shadow", "rb") as f:
+            shadow = f.read()
+
+    async def body():
+        async with await _open(runner) as sb:
+            r = await _sh(sb, "ln -s /etc/shadow x; ln -s /etc d; ln -s / root;"
+                              " ln -s /etc/shadow /tmp/x; ln -s ../../../../etc/shadow rel")
+            assert r.status is ExecStatus.OK, describe(r)
+            for path in ("x", "/workspace/x", "d/shadow", "root/etc/shadow", "rel",
+                         "root/etc/passwd"):
+                with pytest.raises(UsageError) as info:
+                    await sb.read_file(path)
+                if shadow:
+                    assert shadow[:40] not in str(info.value).encode()
+            listed = await sb.list_files()
+            assert not any(p.startswith(("d/", "root/")) for p in listed), listed
+    runner.run(body())
+
+
+def test_write_file_never_writes_through_candidate_symlinks(runner, tmp_path):
+    """The supervisor is root on the host: a link the candidate made to a host path must
+    not turn write_file into a host write."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"host data")
+    victim_dir = tmp_path / "dir"
+    victim_dir.mkdir()
+
+    async def body():
+        async with await _open(runner) as sb:
+            r = await _sh(sb, f"ln -s {victim} f; ln -s {victim_dir} d")
+            assert r.status is ExecStatus.OK, describe(r)
+            await sb.write_file("f", b"sandbox data")  # replaces the link itself
+            with pytest.raises(UsageError):
+                await sb.write_file("d/planted", b"sandbox data")
+            r = await _sh(sb, "test -L f && echo link || cat f")
+            assert r.stdout == b"sandbox data", describe(r)
+    runner.run(body())
+    assert victim.read_bytes() == b"host data"
+    assert list(victim_dir.iterdir()) == []
+
+
+def test_read_file_of_fifo_or_directory_refused_without_hanging(runner):
+    async def body():
+        async with await _open(runner) as sb:
+            await _sh(sb, "mkfifo pipe; mkdir adir")
+            t = time.monotonic()
+            for path in ("pipe", "adir"):
+                with pytest.raises(UsageError):
+                    await sb.read_file(path)
+            assert time.monotonic() - t < 1
+    runner.run(body())
+
+
+def test_read_file_size_cap(runner):
+    async def body():
+        async with await _open(runner) as sb:
+            await sb.write_file("big", b"x" * 5000)
+            assert await sb.read_file("big", max_bytes=5000) == b"x" * 5000
+            with pytest.raises(UsageError, match="max_bytes"):
+                await sb.read_file("big", max_bytes=4999)
+            with pytest.raises(UsageError, match="no file"):
+                await sb.read_file("missing")
+    runner.run(body())
+
+
+@pytest.mark.parametrize("path", [
+    "../x", "a/../../x", "..", "/etc/passwd", "/workspace/../etc/passwd", "/tmp/x",
+    "/workspacex/y", "", "a\x00b",
+])
+def test_write_file_outside_workspace_refused(runner, path):
+    async def body():
+        async with await _open(runner) as sb:
+            with pytest.raises(UsageError):
+                await sb.write_file(path, b"escape")
+            with pytest.raises(UsageError):
+                await sb.read_file(path)
+            assert await sb.list_files() == []
+    runner.run(body())
+    assert not os.path.exists("/etc/x") and not os.path.exists("/x")
+
+
+def test_write_file_over_disk_limit_is_usage_error(runner):
+    async def body():
+        async with await _open(runner, disk_mb=16) as sb:
+            with pytest.raises(UsageError, match="disk_mb"):
+                await sb.write_file("huge", b"\0" * (17 << 20))
+            assert await sb.list_files() == [], "a failed write must leave no partial file"
+            await sb.write_file("small", b"fine")
+            assert await sb.read_file("small") == b"fine"
+    runner.run(body())
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+def test_concurrent_sessions_keep_results_apart(runner):
+    """8 runs over 4 sessions at once: each result belongs to its own session and run."""
+    async def one(sb, i, j):
+        return i, j, await _sh(sb, f"cat id; echo run{j}; echo {i}{j} >> log; sleep 0.2")
+
+    async def body():
+        sbs = [await _open(runner) for _ in range(4)]
+        try:
+            for i, sb in enumerate(sbs):
+                await sb.write_file("id", f"session{i}\n".encode())
+            t = time.monotonic()
+            results = await asyncio.gather(*(one(sb, i, j) for i, sb in enumerate(sbs)
+                                             for j in range(2)))
+            elapsed = time.monotonic() - t
+            for i, j, r in results:
+                assert r.status is ExecStatus.OK, describe(r)
+                assert r.stdout == f"session{i}\nrun{j}\n".encode(), (i, j, r.stdout)
+            for i, sb in enumerate(sbs):
+                log = (await sb.read_file("log")).split()
+                assert sorted(log) == [f"{i}0".encode(), f"{i}1".encode()]
+            # runs of one session queue; different sessions overlap (serial would be 1.6s)
+            assert elapsed < 1.4, elapsed
+        finally:
+            for sb in sbs:
+                await sb.close()
+    runner.run(body())
+    no_leaks(runner)
+
+
+def test_concurrent_sessions_with_different_outcomes(runner):
+    async def body():
+        cases = [
+            ("import time; time.sleep(60)", ExecStatus.TIMEOUT),
+            ("b = []\nwhile True: b.append(b'x' * 10**7)", ExecStatus.MEMORY),
+            ("import sys; print('three'); sys.exit(3)", ExecStatus.EXIT),
+            ("print('fine')", ExecStatus.OK),
+        ]
+        sbs = [await _open(runner, wall_s=1.5, memory_mb=64) for _ in cases]
+        try:
+            results = await asyncio.gather(*(run_code(sb, code)
+                                             for sb, (code, _) in zip(sbs, cases, strict=True)))
+        finally:
+            for sb in sbs:
+                await sb.close()
+        for r, (_, want) in zip(results, cases, strict=True):
+            assert r.status is want, describe(r)
+        assert results[2].stdout == b"three\n" and results[3].stdout == b"fine\n"
+    runner.run(body())
+    no_leaks(runner)
