@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import signal
@@ -135,3 +136,52 @@ def test_orphans_of_a_killed_pool_are_reaped(tmp_path):
         except OSError:
             pass
     assert not alive, alive
+
+
+def test_a_recycled_cell_carries_nothing_to_the_next_session():
+    """A session that closes cleanly hands its cell back, reset: the next session on the
+    same cell finds no process, no file, no SysV IPC object and no socket of the last."""
+    leave_behind = textwrap.dedent("""
+        import ctypes, os, socket, subprocess
+        libc = ctypes.CDLL(None, use_errno=True)
+        shm = libc.shmget(0x7B, 4096, 0o1666)          # IPC_CREAT | 0666
+        assert shm >= 0, os.strerror(ctypes.get_errno())
+        a = socket.socket(); a.bind(("127.0.0.1", 4242)); a.listen()
+        c = socket.create_connection(("127.0.0.1", 4242)); s, _ = a.accept()
+        s.close(); c.close(); a.close()                 # leaves TIME_WAIT behind
+        u = socket.socket(socket.AF_UNIX); u.bind("\\0trialbox-abstract"); u.listen()
+        subprocess.Popen(["sleep", "60"], start_new_session=True)
+        open("/workspace/left", "w").write("x"); open("/tmp/left", "w").write("x")
+        print(shm)
+    """)
+    probe = textwrap.dedent("""
+        import ctypes, os, socket
+        libc = ctypes.CDLL(None, use_errno=True)
+        print("shm", libc.shmget(0x7B, 4096, 0o666))    # -1: no such segment
+        a = socket.socket(); a.bind(("127.0.0.1", 4242)); print("bind ok")
+        u = socket.socket(socket.AF_UNIX); u.bind("\\0trialbox-abstract"); print("abs ok")
+        print("procs", sorted(p for p in os.listdir("/proc") if p.isdigit()))
+        print("files", os.listdir("/workspace"), os.listdir("/tmp"))
+    """)
+
+    async def body():
+        pool = await CellPool(PoolConfig(warm=1, max_warm=1)).start()
+        try:
+            async with await NamespaceSandbox.open(pool, FAST) as a:
+                r1 = await a.exec(["python3", "-c", leave_behind])
+                first_cell = a.cell
+            async with await NamespaceSandbox.open(pool, FAST) as b:
+                r2 = await b.exec(["python3", "-c", probe])
+                same = b.cell is first_cell
+            return r1, r2, same, first_cell.uses
+        finally:
+            await pool.close()
+    r1, r2, same, uses = asyncio.run(body())
+    assert r1.status is ExecStatus.OK, r1
+    assert same and uses >= 1, "the second session should have reused the reset cell"
+    assert r2.status is ExecStatus.OK, r2
+    lines = r2.stdout.decode().splitlines()
+    assert lines[0] == "shm -1" and lines[1:3] == ["bind ok", "abs ok"], lines
+    procs = ast.literal_eval(lines[3].split(" ", 1)[1])
+    assert len(procs) <= 2, f"only the probe itself (and its pid) may be seen: {procs}"
+    assert lines[4] == "files [] []", lines

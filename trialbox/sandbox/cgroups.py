@@ -171,9 +171,6 @@ class CgroupDriver:
     def set_limits(self, rel: str, limits: Limits) -> None:
         raise NotImplementedError
 
-    def stats(self, rel: str) -> CellStats:
-        raise NotImplementedError
-
     def open_files(self, rel: str) -> CellFiles:
         raise NotImplementedError
 
@@ -208,9 +205,6 @@ class CgroupDriver:
             except OSError:
                 ok = _rmtree_cgroup(d) and ok
         return ok
-
-    def parent_dirs(self, rel: str) -> list[str]:
-        return self.dirs(rel)
 
 
 def _write(path: str, value: str) -> None:
@@ -286,17 +280,6 @@ class CgroupV1(CgroupDriver):
             "cpu_limit": os.path.join(self._d("cpu", rel), "cpu.cfs_quota_us"),
         }, 1)
 
-    def stats(self, rel: str) -> CellStats:
-        cpu_ns = int(_read(os.path.join(self._d("cpuacct", rel), "cpuacct.usage")))
-        mem = self._d("memory", rel)
-        peak = int(_read(os.path.join(mem, "memory.max_usage_in_bytes")))
-        oom = 0
-        for line in _read(os.path.join(mem, "memory.oom_control")).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                oom = int(value)
-        return CellStats(cpu_ns, peak, oom)
-
 
 class CgroupV2(CgroupDriver):
     version = 2
@@ -341,24 +324,6 @@ class CgroupV2(CgroupDriver):
             "mem_limit": os.path.join(d, "memory.max"),
             "pids_limit": os.path.join(d, "pids.max"), "cpu_limit": os.path.join(d, "cpu.max"),
         }, 2)
-
-    def stats(self, rel: str) -> CellStats:
-        d = os.path.join(self.root, rel)
-        cpu_ns = 0
-        for line in _read(os.path.join(d, "cpu.stat")).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "usage_usec":
-                cpu_ns = int(value) * 1000
-        try:
-            peak = int(_read(os.path.join(d, "memory.peak")))
-        except OSError:  # kernels before 5.19 have no memory.peak
-            peak = int(_read(os.path.join(d, "memory.current")))
-        oom = 0
-        for line in _read(os.path.join(d, "memory.events")).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                oom = int(value)
-        return CellStats(cpu_ns, peak, oom)
 
     def kill_all(self, rel: str) -> None:
         kill = os.path.join(self.root, rel, "cgroup.kill")

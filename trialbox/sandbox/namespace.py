@@ -23,14 +23,13 @@ from collections.abc import Mapping, Sequence
 
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
-from trialbox.sandbox.pool import Cell, CellPool, FdReader
+from trialbox.sandbox.pool import MOUNT_TARGETS, Cell, CellPool, FdReader
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
             "TMPDIR": "/tmp", "USER": "sandbox", "LOGNAME": "sandbox",
             "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-MOUNT_TARGETS = ["/workspace", "/tmp", "/dev/shm"]
 SESSION_DIRS = ["work", "tmp", "shm"]
 SIGNALS_OF_TIMEOUT = (24,)  # SIGXCPU: RLIMIT_CPU ran out
 DISK_SLACK = 64 * 1024
@@ -96,7 +95,7 @@ class NamespaceSandbox:
     def _teardown(self) -> None:
         self.closed = True
         if self.cell is not None:
-            self.pool.done_with(self.cell)
+            self.pool.done_with(self.cell, recycle=True)
             self.cell = None
         if self.dir:
             mounts.umount(self.dir)

@@ -38,6 +38,8 @@ from trialbox.types import Limits, Runtime
 log = logging.getLogger("trialbox.sandbox.pool")
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+MOUNT_TARGETS = ["/workspace", "/tmp", "/dev/shm"]
+"""Where a session's work/, tmp/ and shm/ appear inside its cell."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class PoolConfig:
     """First host uid handed to sessions (unprivileged, owns nothing on the host)."""
     uid_count: int = 65_536
     """How many uids the pool cycles through; each open session holds one."""
+    max_cell_sessions: int = 1000
+    """Sessions one cell may serve (reset between them) before it is replaced."""
     preload: tuple[str, ...] = ("traceback", "linecache", "collections", "functools",
                                 "itertools", "math", "re", "typing", "heapq", "bisect",
                                 "string", "dataclasses", "fractions", "decimal")
@@ -220,7 +224,7 @@ class Cell:
         self.pool, self.id, self.net, self.limits = pool, cid, net, limits
         self.rel = f"trialbox/{pool.id}/{cid}"
         self.files: CellFiles | None = None
-        self.opened = False
+        self.uses = 0
         self.go: socket.socket | None = None
         self.status: FdReader | None = None
         self.ready: asyncio.Future[None] = pool.loop.create_future()
@@ -556,10 +560,23 @@ class CellPool:
             self._in_use -= 1
             raise
 
-    def done_with(self, cell: Cell) -> None:
-        """A session finished with this cell: destroy it, keep the pool at its target."""
+    def done_with(self, cell: Cell, recycle: bool = False) -> None:
+        """A session finished with this cell. With `recycle` (the session ended cleanly)
+        a healthy cell is reset — no process, no workspace, new IPC and network
+        namespaces — and goes back to the warm set: far cheaper than a new cell.
+        Otherwise it is destroyed. Either way the pool is kept at its target."""
         self._in_use -= 1
-        self.release(cell)
+        if (recycle and cell.alive and not cell.net and not self.closed
+                and cell.uses < self.config.max_cell_sessions):
+            try:
+                cell.send({"op": "reset", "mounts": MOUNT_TARGETS})
+            except (OSError, SandboxStartError):
+                self.release(cell)
+            else:
+                cell.uses += 1
+                self._ready.appendleft(cell)  # next to be used; a shrink drops fresh ones
+        else:
+            self.release(cell)
         self._refill()
 
     def release(self, cell: Cell) -> None:

@@ -82,6 +82,7 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x4
 AT_FDCWD = -100
 MAX_FDS = 16
 INNER_UID = 1000
+NEXT_RUN_GRACE_S = 0.01
 
 CONFIG: dict = {}
 ZYGOTE_PID = os.getpid()
@@ -315,7 +316,8 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     # candidate cannot raise KeyboardInterrupt in the init that reports its status.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    build_root(msg.get("net"))
+    net = bool(msg.get("net"))
+    build_root(net)
     session = socket.socket(fileno=go_fd)
     child = spawn_candidate(status_w, cg_fds, first=True)
     while True:
@@ -328,6 +330,8 @@ def cell_init(msg, status_w, go_fd, cg_fds):
                 _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
                                     MOVE_MOUNT_F_EMPTY_PATH), "move_mount " + target)
         elif op == "go":
+            if child is None:
+                child = spawn_candidate(status_w, cg_fds, first=False)
             pid, pidfd, chan = child
             socket.send_fds(chan, [json.dumps(msg).encode()], fds)
             chan.close()
@@ -337,7 +341,27 @@ def cell_init(msg, status_w, go_fd, cg_fds):
             status = supervise(session, pid, pidfd)
             kill_everyone()
             report(status_w, b"X", struct.pack("<i", status))
-            child = spawn_candidate(status_w, cg_fds, first=False)
+            # Fork the next candidate ahead of time — unless the supervisor speaks
+            # within a few ms (a session closing sends `reset` right away; a fork
+            # wasted on it costs more than forking on demand for a quick next run).
+            child = None
+            if not select.select([session], [], [], NEXT_RUN_GRACE_S)[0]:
+                child = spawn_candidate(status_w, cg_fds, first=False)
+        elif op == "reset":
+            # The session closed; make this cell as good as new for the next one: no
+            # process, no workspace, fresh IPC and network namespaces (SysV objects,
+            # sockets in TIME_WAIT and abstract sockets stay behind with the old ones).
+            if child is not None:
+                pid, pidfd, chan = child
+                chan.close()
+                os.close(pidfd)
+            kill_everyone()
+            for target in reversed(msg["mounts"]):
+                libc.umount2(target.encode(), MNT_DETACH)
+            _check(libc.unshare(CLONE_NEWIPC | (0 if net else CLONE_NEWNET)), "unshare")
+            if not net:
+                loopback_up()
+            child = spawn_candidate(status_w, cg_fds, first=True)
         for fd in fds:
             os.close(fd)
     kill_everyone()
