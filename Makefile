@@ -26,7 +26,8 @@ test: system $(STAMP)
 	$(PY) -m pytest -q tests
 
 bench: system $(STAMP)
-	$(VENV)/bin/trialbox bench sandbox
+	mkdir -p .bench
+	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -94,8 +94,9 @@ ISOLATION = {
                 "a process forked in that cell, its own user namespace, uid 1000, no "
                 "capabilities, seccomp, rlimits",
     "trialbox-1shot": "the same isolation as trialbox, but a new session for every run: a "
-                      "fresh cell (namespaces + cgroup) and tmpfs workspace per run, "
-                      "nothing carried from one run to the next",
+                      "fresh tmpfs workspace and a cell from the pool (a closed session's "
+                      "cell reset — new IPC and network namespaces, no process left — or "
+                      "a new one), nothing carried from one run to the next",
     "plain": "none: /usr/bin/python3 -c as an asyncio subprocess with pipes",
     "bwrap": "bubblewrap --unshare-all (user/pid/mount/net/ipc/uts/cgroup), read-only "
              "/usr root, tmpfs /tmp and /workspace, --clearenv, uid 1000, --cap-drop ALL, "
@@ -716,15 +717,17 @@ def build_results(params: dict[str, Any], machine: dict[str, Any],
          "session per worker) pays for its cell and the session's tmpfs once per session, "
          "off the clock here, and per run only forks a candidate process (its own user "
          "namespace, seccomp, rlimits) and reads the cgroup's accounting. trialbox-1shot "
-         "pays per run the session's tmpfs, a cell from the pool (warm when one is ready, "
-         "prepared on the spot when none is), and the cell's teardown; the cgroup's "
-         "removal (on the pool's janitor thread) and the pool's refill (a fork from the "
-         "zygote plus a new cgroup) run in the background, inside its throughput figures."),
-        ("bwrap sets up and tears down its namespaces and mounts every run, as "
-         "trialbox-1shot does, but creates no cgroup (no memory, pids or CPU limits or "
-         "accounting) and sets no rlimits: its isolation does less work per run than "
-         "trialbox-1shot's. Both trialbox systems start Python warm (forked from the "
-         "pool's zygote); plain and bwrap start a cold interpreter every run."),
+         "pays per run the session's tmpfs, a cell from the pool (usually the cell of a "
+         "session that just closed, reset: its processes killed, its mounts detached, new "
+         "IPC and network namespaces; a new cell when none is ready), and the reset at "
+         "close; the pool's refill and any cgroup removal (on the pool's janitor thread) "
+         "run in the background, inside its throughput figures."),
+        ("bwrap sets up and tears down all its namespaces and mounts every run (trialbox-"
+         "1shot renews the IPC and network ones and the workspace), but creates no cgroup "
+         "(no memory, pids or CPU limits or accounting) and sets no rlimits: its "
+         "isolation does less work per run than trialbox-1shot's. Both trialbox "
+         "systems start Python warm (forked from the pool's zygote); plain and bwrap "
+         "start a cold interpreter every run."),
         ("latency = monotonic_ns printed by the program's first statement minus "
          "monotonic_ns just before the call; e2e = call to result (output collected, "
          "process reaped; trialbox: cgroup accounting read; trialbox-1shot: also the "
