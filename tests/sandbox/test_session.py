@@ -381,3 +381,43 @@ def test_concurrent_sessions_with_different_outcomes(runner):
         assert results[2].stdout == b"three\n" and results[3].stdout == b"fine\n"
     runner.run(body())
     no_leaks(runner)
+
+
+def test_pass_fds_gives_the_program_a_channel_while_it_runs(runner):
+    """A socketpair end passed as fd 3: the program talks over it while it runs (the way
+    a judge calls a candidate), and the other end sees EOF once the run is over."""
+    import socket
+
+    echo = ("import os\n"
+            "while True:\n"
+            "    b = os.read(3, 100)\n"
+            "    if not b or b == b'bye':\n"
+            "        break\n"
+            "    os.write(3, b[::-1])\n")
+
+    async def body():
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        async with await NamespaceSandbox.open(runner.pool, limits()) as sb:
+            task = asyncio.ensure_future(
+                sb.exec(["python3", "-c", echo], pass_fds={3: theirs.fileno()}))
+            await loop.sock_sendall(ours, b"abc")
+            got = await asyncio.wait_for(loop.sock_recv(ours, 100), 5)
+            await loop.sock_sendall(ours, b"bye")
+            r = await task
+            eof = await asyncio.wait_for(loop.sock_recv(ours, 100), 5)
+            with pytest.raises(OSError):  # the sandbox took ownership and closed it
+                os.fstat(theirs.fileno())
+            theirs.detach()
+            with pytest.raises(UsageError, match="3 to 63"):
+                await sb.exec(["true"], pass_fds={1: ours.fileno()})
+            lone = await sb.exec(["/bin/sh", "-c", "ls /proc/self/fd | tr '\\n' ' '"])
+        ours.close()
+        return got, r, eof, lone
+    got, r, eof, lone = runner.run(body())
+    assert got == b"cba"
+    assert r.status is ExecStatus.OK, describe(r)
+    assert eof == b""
+    assert lone.stdout.split() == [b"0", b"1", b"2", b"3"], lone  # 3: ls's own dir fd
+    runner.assert_no_leaks()

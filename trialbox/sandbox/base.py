@@ -31,10 +31,16 @@ class Sandbox(Protocol):
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
-                   cwd: str = "/workspace") -> ExecResult:
+                   cwd: str = "/workspace",
+                   pass_fds: Mapping[int, int] | None = None) -> ExecResult:
         """Run a command in the session's workspace. The candidate's outcome is in the
         result's `status`; only misuse raises (UsageError) and only broken machinery
-        reports `infra`."""
+        reports `infra`.
+
+        `pass_fds` hands open fds of ours to the program as {its fd number (3-63): our
+        fd}, e.g. one end of a socketpair for a judge to talk to the candidate while it
+        runs. The sandbox takes ownership: they are closed here once handed over, so
+        EOF on the other end means the program (and all it forked) is gone."""
         ...
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:

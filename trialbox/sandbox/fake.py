@@ -13,6 +13,7 @@ It never runs anything: a `handler` you supply turns each command into an `ExecR
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from trialbox.errors import UsageError
@@ -40,12 +41,15 @@ class FakeSandbox:
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
-                   cwd: str = "/workspace") -> ExecResult:
+                   cwd: str = "/workspace",
+                   pass_fds: Mapping[int, int] | None = None) -> ExecResult:
         if self.closed:
             raise UsageError("this sandbox session is closed; open a new one")
         if isinstance(argv, (str, bytes)) or not argv:
             raise UsageError("argv must be a non-empty list of strings")
         self.calls.append(list(argv))
+        for fd in (pass_fds or {}).values():  # same ownership rule as the real tiers
+            os.close(fd)
         return await self.handler(list(argv), bytes(stdin), self.files)
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:

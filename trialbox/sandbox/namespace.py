@@ -137,8 +137,10 @@ class NamespaceSandbox:
     # ------------------------------------------------------------------ runs
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
-                   cwd: str = "/workspace") -> ExecResult:
+                   cwd: str = "/workspace",
+                   pass_fds: Mapping[int, int] | None = None) -> ExecResult:
         self._check_open()
+        targets = _check_pass_fds(pass_fds)
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a trialbox.types.Limits, got "
                              f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
@@ -150,8 +152,10 @@ class NamespaceSandbox:
         # disk_mb is the size of the session's workspace, set at open; a run's own
         # disk_mb only bounds single files (RLIMIT_FSIZE).
         spec = self._spec(argv, env, cwd, limits)
+        spec["fds"] = targets
         if not isinstance(stdin, (bytes, bytearray, memoryview)):
             raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
+        passed = [pass_fds[t] for t in targets] if pass_fds else []
         async with self._lock:
             self._check_open()
             for _attempt in range(2):
@@ -159,14 +163,17 @@ class NamespaceSandbox:
                     cell = await self._cell()
                 except (SandboxStartError, ZygoteDied, OSError) as e:
                     return self._infra(f"no sandbox could be started: {e}")
-                run = _Run(self, cell, spec, bytes(stdin), limits)
+                run = _Run(self, cell, spec, bytes(stdin), limits, passed)
                 result = await run.run()
                 if result.status is ExecStatus.INFRA or not cell.alive:
                     self._drop_cell()  # the next run gets a fresh cell; files are kept
                 # A cell that broke before the program's first instruction ran nothing of
-                # the candidate's: run it once more on a fresh cell.
-                if not (result.status is ExecStatus.INFRA and not run.started):
+                # the candidate's: run it once more on a fresh cell (unless fds were
+                # passed: they went with the broken cell).
+                if not (result.status is ExecStatus.INFRA and not run.started) or targets:
                     break
+            for fd in passed:  # ours to close once handed over (or on any failure)
+                _close_quietly(fd)
             return result
 
     async def _cell(self) -> Cell:
@@ -285,12 +292,42 @@ class NamespaceSandbox:
                          "give an absolute path or install it in the runtime")
 
 
+def _check_pass_fds(pass_fds: Mapping[int, int] | None) -> list[int]:
+    """Validate {target fd in the program: our fd}; return the targets in order."""
+    if not pass_fds:
+        return []
+    if not isinstance(pass_fds, Mapping):
+        raise UsageError("pass_fds must map the fd number the program sees to an open fd "
+                         "of ours, e.g. {3: sock.fileno()}")
+    targets = sorted(pass_fds)
+    for t in targets:
+        src = pass_fds[t]
+        if isinstance(t, bool) or not isinstance(t, int) or not 3 <= t <= 63:
+            raise UsageError(f"pass_fds target {t!r} must be an int from 3 to 63 (0-2 are "
+                             "stdin/stdout/stderr)")
+        if isinstance(src, bool) or not isinstance(src, int):
+            raise UsageError(f"pass_fds[{t}] must be an open fd number, got {src!r}")
+        try:
+            os.fstat(src)
+        except OSError as e:
+            raise UsageError(f"pass_fds[{t}] = {src} is not an open fd") from e
+    return targets
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 class _Run:
     """One run in one cell: feed, read, time, kill, measure, classify."""
 
     def __init__(self, sb: NamespaceSandbox, cell: Cell, spec: dict[str, object],
-                 stdin: bytes, limits: Limits):
+                 stdin: bytes, limits: Limits, passed: list[int]):
         self.sb, self.cell, self.spec, self.stdin, self.limits = sb, cell, spec, stdin, limits
+        self.passed = passed
         self.pool = sb.pool
         self.loop = self.pool.loop
         self.kill_reason: ExecStatus | None = None
@@ -380,10 +417,15 @@ class _Run:
                         FdReader(self.loop, err_r, cap, self._on_output)]
         self.t_go = time.monotonic()
         try:
-            cell.send(self.spec, fds)
+            cell.send(self.spec, fds + self.passed)
         except (OSError, SandboxStartError) as e:
             self.kill_reason, self.kill_message = ExecStatus.INFRA, f"could not start: {e}"
             cell.kill()
+        else:
+            # Handed over: drop ours now, so the peer sees EOF when the program is gone.
+            for fd in self.passed:
+                _close_quietly(fd)
+            self.passed.clear()
         finally:
             for fd in fds:
                 os.close(fd)

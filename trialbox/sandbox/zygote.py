@@ -442,17 +442,11 @@ def candidate(status_w, chan, cg_fds, first):
     if spec is None:
         _exit(0)  # the session ended before this run
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh interpreter has it
-    stdin_fd, stdout_fd, stderr_fd = fds[0], fds[1], fds[2]
+    chan.close()
+    status_w = place_fds(fds, spec.get("fds", []), status_w)
     drop_privileges(spec["uid"])
     set_rlimits(spec["rlimits"])
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    os.dup2(stdin_fd, 0)
-    os.dup2(stdout_fd, 1)
-    os.dup2(stderr_fd, 2)
-    keep = status_w
-    chan.close()
-    os.closerange(3, keep)
-    os.closerange(keep + 1, 1 << 16)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -476,6 +470,21 @@ def candidate(status_w, chan, cg_fds, first):
     except OSError as e:
         os.write(2, ("trialbox: cannot execute %s: %s\n" % (argv[0], e.strerror)).encode())
         _exit(127 if e.errno == errno.ENOENT else 126)
+
+
+def place_fds(fds, targets, status_w):
+    """Put the run's fds where the program expects them: stdin/stdout/stderr on 0-2,
+    each passed fd on its target number (3..63); close every other fd but the status
+    pipe, which moves above 63 so no target can clobber it. Returns its new number."""
+    status_w = fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 64)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]  # out of the targets' way
+    for fd, target in zip(high, [0, 1, 2] + list(targets), strict=False):
+        os.dup2(fd, target)  # dup2's copy is inheritable: passed fds survive exec
+    keep = sorted({0, 1, 2, status_w, *targets})
+    for lo, hi in zip(keep, keep[1:] + [1 << 16], strict=False):
+        if hi > lo + 1:
+            os.closerange(lo + 1, hi)
+    return status_w
 
 
 def drop_privileges(uid):
