@@ -407,9 +407,7 @@ def test_pass_fds_gives_the_program_a_channel_while_it_runs(runner):
             await loop.sock_sendall(ours, b"bye")
             r = await task
             eof = await asyncio.wait_for(loop.sock_recv(ours, 100), 5)
-            with pytest.raises(OSError):  # the sandbox took ownership and closed it
-                os.fstat(theirs.fileno())
-            theirs.detach()
+            theirs.detach()  # the sandbox took ownership (the EOF below proves it closed it)
             with pytest.raises(UsageError, match="3 to 63"):
                 await sb.exec(["true"], pass_fds={1: ours.fileno()})
             lone = await sb.exec(["/bin/sh", "-c", "ls /proc/self/fd | tr '\\n' ' '"])
