@@ -8,8 +8,9 @@ session's uid inside a new user namespace and runs; when it exits every other pr
 the run is killed before the result is reported. The supervisor (this module) feeds
 stdin, reads stdout/stderr up to the cap, enforces wall time and output size, and reads
 CPU and memory from the cell's cgroup; nothing the candidate says about itself is used.
-Closing the session kills the cell (its namespaces die with its init) and unmounts the
-tmpfs: nothing reaches the next session.
+Closing the session unmounts the tmpfs and hands the cell back to the pool, which resets
+it (no process, no mount, new IPC and network namespaces) or destroys it: nothing
+reaches the next session.
 """
 
 from __future__ import annotations
