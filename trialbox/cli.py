@@ -3,6 +3,7 @@
     trialbox demo                              the main job as it stands (make demo)
     trialbox exec --json --file prog.py        run a program in a sandbox, print the result
     trialbox exec --json -- gcc --version      …or any command
+    trialbox eval --tasks humaneval --samples S.jsonl --out graded.jsonl
     trialbox bench sandbox --json              start latency and throughput vs baselines
 
 Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),
@@ -81,6 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated concurrency levels (default 1,2,4,8)")
     bs.add_argument("--out", help="also write the JSON results to this file")
 
+    e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
+                       description="Grade HumanEval-style samples ({task_id, completion} "
+                       "per line) against a task set, each in fresh sandboxes with the "
+                       "tests run outside the candidate. Writes one row per input row to "
+                       "--out; the last line printed is a JSON summary.")
+    e.add_argument("--tasks", required=True, help="'humaneval' or a .jsonl[.gz] task file")
+    e.add_argument("--samples", required=True, help="samples .jsonl")
+    e.add_argument("--out", required=True, help="where to write the graded rows (.jsonl)")
+    e.add_argument("--repeat", type=int, default=1,
+                   help="grade each sample N times and report determinism")
+    e.add_argument("--workers", type=int, default=4, help="attempts in flight (default 4)")
+
     sub.add_parser("demo", help="the showcase: good and hostile programs, contained")
     return parser
 
@@ -93,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench":
             from trialbox.bench.sandbox import main as bench_main
             return bench_main(args)
+        if args.command == "eval":
+            return asyncio.run(_eval(args))
         if args.command == "demo":
             from trialbox.demo import main as demo_main
             return demo_main()
@@ -103,6 +118,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trialbox: infrastructure failure: {e}", file=sys.stderr)
         return 3
     return 2
+
+
+async def _eval(args: argparse.Namespace) -> int:
+    from trialbox.judge.evaluate import evaluate, progress_bar, read_samples
+    from trialbox.sandbox import CellPool, PoolConfig
+    from trialbox.store.tasks import index, load_tasks
+    tasks = index(load_tasks(args.tasks))
+    samples = read_samples(args.samples)
+    try:
+        out = open(args.out, "w")
+    except OSError as e:
+        raise UsageError(f"cannot write --out {args.out}: {e.strerror}") from e
+    pool = await CellPool(PoolConfig(warm=min(2 * args.workers, 32))).start()
+    try:
+        rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
+                                       workers=args.workers, progress=progress_bar)
+    finally:
+        await pool.close()
+    with out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    print(json.dumps(summary))
+    return 0
 
 
 def _read_stdin() -> bytes:

@@ -190,3 +190,138 @@ class ExecResult:
         out["stderr_b64"] = base64.b64encode(self.stderr).decode()
         out["compile"] = self.compile.to_json() if self.compile else None
         return out
+
+
+# --------------------------------------------------------------------------- tasks
+
+class TaskKind(enum.Enum):
+    """What a task asks for and so how it is judged."""
+
+    FUNCTION = "function"
+    """Write a function (HumanEval style); tests call it through the judge's proxy."""
+    STDIO = "stdio"
+    """Write a program; each test feeds stdin and compares stdout outside the sandbox."""
+    REPO = "repo"
+    """Change a file tree; a trusted test command (e.g. pytest) decides."""
+
+
+class Compare(enum.Enum):
+    """How a stdio test's output is compared with the expected output."""
+
+    EXACT = "exact"
+    """Byte for byte."""
+    WHITESPACE = "whitespace"
+    """Equal after splitting on any whitespace (line ends and trailing spaces ignored)."""
+    FLOAT = "float"
+    """Token by token; numeric tokens equal within `Task.float_tol` (absolute or relative)."""
+    CHECKER = "checker"
+    """A trusted checker program (`Task.checker`) decides."""
+
+
+@dataclass(frozen=True)
+class TestCase:
+    """One unit of evidence. For FUNCTION tasks `code` is a statement the trusted harness
+    runs with `candidate` bound to the proxy (e.g. `assert candidate(2) == 4`); for STDIO
+    tasks `stdin` is fed to the program and its stdout compared with `expected`."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    code: str = ""
+    stdin: bytes = b""
+    expected: bytes = b""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A problem to solve. `hidden_tests` never reach the policy's prompt or the
+    candidate's sandbox; `visible_tests` may be shown (and their pass rate is reported
+    apart, so special-casing them shows up as a gap)."""
+
+    task_id: str
+    kind: TaskKind
+    prompt: str
+    entry_point: str = ""
+    """FUNCTION: the name of the function the candidate must define."""
+    visible_tests: tuple[TestCase, ...] = ()
+    hidden_tests: tuple[TestCase, ...] = ()
+    test_setup: str = ""
+    """FUNCTION: trusted code the harness runs once before the tests (imports, helpers)."""
+    canonical_solution: str = ""
+    """A reference solution (for FUNCTION tasks, appended to `prompt` like a completion)."""
+    compare: Compare = Compare.EXACT
+    float_tol: float = 1e-6
+    checker: str = ""
+    """CHECKER: a trusted Python program; argv: input, expected, actual files; exit 0 = pass."""
+    files: tuple[tuple[str, bytes], ...] = ()
+    """REPO: the starting file tree (path, content)."""
+    test_command: tuple[str, ...] = ()
+    """REPO: the trusted test command, run from outside the candidate's tree."""
+    source: str = ""
+    """Where the task came from (data set name or file)."""
+
+
+# --------------------------------------------------------------------------- grades
+
+class Outcome(enum.Enum):
+    """A graded attempt's outcome. Only INFRA (and ERROR, a broken test) are excluded
+    from training (reward None); everything else is the candidate's doing."""
+
+    PASSED = "passed"
+    """Every test passed, on evidence produced outside the candidate."""
+    FAILED = "failed"
+    """At least one test failed (wrong answer, crash, bad return value)."""
+    TIMEOUT = "timeout"
+    """The candidate ran out of time (a call, or the whole attempt)."""
+    MEMORY = "memory"
+    """The candidate ran out of memory."""
+    CHEAT = "cheat"
+    """An anti-cheat detector fired; scores 0 whatever the tests said."""
+    ERROR = "error"
+    """The task's own test code failed (not the candidate's fault): excluded."""
+    INFRA = "infra"
+    """The machinery failed and retries did not help: excluded, never scored 0."""
+
+
+@dataclass(frozen=True)
+class TestResult:
+    """The evidence for one test, produced by the trusted harness."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    passed: bool
+    message: str = ""
+    """Why it failed, in words (assertion, candidate raised, timeout, bad return value)."""
+    ms: float = 0.0
+    hidden: bool = True
+
+
+@dataclass(frozen=True)
+class Grade:
+    """A judged attempt: per-test evidence and the outcome that follows from it."""
+
+    task_id: str
+    outcome: Outcome
+    tests: tuple[TestResult, ...] = ()
+    message: str = ""
+    flags: tuple[str, ...] = ()
+    """Anti-cheat detectors that fired (names), and other notable signals."""
+    wall_ms: float = 0.0
+    candidate_cpu_ms: float = 0.0
+    candidate_peak_memory_bytes: int = 0
+    attempts: int = 1
+    """How many times the machinery had to try (infra failures are retried)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASSED
+
+    @property
+    def pass_rate(self) -> float | None:
+        """Fraction of tests passed; None when the attempt is excluded."""
+        if self.outcome in (Outcome.INFRA, Outcome.ERROR):
+            return None
+        if not self.tests:
+            return 0.0
+        return sum(t.passed for t in self.tests) / len(self.tests)

@@ -43,6 +43,10 @@ class Sandbox(Protocol):
         EOF on the other end means the program (and all it forked) is gone."""
         ...
 
+    async def stop(self) -> None:
+        """Kill the run in flight, if any; the session stays open."""
+        ...
+
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file into the workspace (relative path or under /workspace/)."""
         ...

@@ -52,6 +52,9 @@ class FakeSandbox:
             os.close(fd)
         return await self.handler(list(argv), bytes(stdin), self.files)
 
+    async def stop(self) -> None:
+        """Nothing runs in the fake between calls."""
+
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         if not isinstance(data, (bytes, bytearray)):
             raise UsageError("file data must be bytes")

@@ -51,6 +51,7 @@ class NamespaceSandbox:
         self.cell: Cell | None = None
         self.closed = False
         self._lock = asyncio.Lock()
+        self._current: _Run | None = None
 
     @classmethod
     async def open(cls, pool: CellPool, limits: Limits | None = None) -> NamespaceSandbox:
@@ -87,7 +88,14 @@ class NamespaceSandbox:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def stop(self) -> None:
+        """Kill the run in flight, if any (every process of it); its `exec` returns with
+        status `signal` and the message "stopped by the caller". The session stays open."""
+        if self._current is not None:
+            self._current.kill(ExecStatus.SIGNAL, "stopped by the caller")
+
     async def close(self) -> None:
+        """End the session (waits for a run in flight; `stop()` it first to cut it short)."""
         if self.closed:
             return
         async with self._lock:
@@ -165,7 +173,11 @@ class NamespaceSandbox:
                 except (SandboxStartError, ZygoteDied, OSError) as e:
                     return self._infra(f"no sandbox could be started: {e}")
                 run = _Run(self, cell, spec, bytes(stdin), limits, passed)
-                result = await run.run()
+                self._current = run
+                try:
+                    result = await run.run()
+                finally:
+                    self._current = None
                 if result.status is ExecStatus.INFRA or not cell.alive:
                     self._drop_cell()  # the next run gets a fresh cell; files are kept
                 # A cell that broke before the program's first instruction ran nothing of
@@ -495,7 +507,8 @@ class _Run:
                 or "the sandbox failed before the program started"
             return ExecStatus.INFRA, None, None, f"sandbox setup failed: {cause}"
         reason = self.kill_reason
-        if reason in (ExecStatus.TIMEOUT, ExecStatus.OUTPUT, ExecStatus.INFRA):
+        if reason in (ExecStatus.TIMEOUT, ExecStatus.OUTPUT, ExecStatus.INFRA,
+                      ExecStatus.SIGNAL):
             assert reason is not None
             return reason, None, 9, self.kill_message
         st = self.wait_status

@@ -1,0 +1,110 @@
+"""Function-call judging from outside the candidate: correct solutions pass, wrong ones
+and cheats fail, the sandbox breaking is never a wrong answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trialbox.judge.function import JudgeConfig, judge_function
+from trialbox.store.tasks import load_humaneval
+from trialbox.types import Limits, Outcome
+
+TASKS = {t.task_id: t for t in load_humaneval()}
+FAST = JudgeConfig(candidate_limits=Limits(wall_s=20, cpu_s=10, memory_mb=256, disk_mb=16),
+                   harness_limits=Limits(wall_s=20, cpu_s=10, memory_mb=256, disk_mb=16),
+                   call_timeout_s=2, load_timeout_s=3)
+
+
+def judge(runner, task_id, completion, config=FAST):
+    return runner.run(judge_function(TASKS[task_id], completion, runner.pool, config))
+
+
+def test_all_164_canonical_solutions_pass(runner):
+    async def body():
+        sem = asyncio.Semaphore(6)
+
+        async def one(task):
+            async with sem:
+                return await judge_function(task, task.canonical_solution, runner.pool, FAST)
+        return await asyncio.gather(*(one(t) for t in TASKS.values()))
+    grades = runner.run(body(), timeout=600)
+    bad = [(g.task_id, g.outcome.value, g.message) for g in grades if not g.passed]
+    assert not bad, bad
+    assert sum(len(g.tests) for g in grades) == sum(len(t.hidden_tests)
+                                                    for t in TASKS.values())
+    runner.assert_no_leaks()
+
+
+WRONG = {
+    "empty body": "    pass\n",
+    "returns None": "    return None\n",
+}
+
+
+@pytest.mark.parametrize("task_id", ["HumanEval/0", "HumanEval/13", "HumanEval/38"])
+@pytest.mark.parametrize("variant", sorted(WRONG))
+def test_simple_wrong_variants_fail(runner, task_id, variant):
+    g = judge(runner, task_id, WRONG[variant])
+    assert g.outcome is Outcome.FAILED, (g.outcome, g.message)
+    assert g.pass_rate is not None and g.pass_rate < 1
+
+
+def test_off_by_one_fails(runner):
+    task = TASKS["HumanEval/13"]  # greatest_common_divisor
+    wrong = task.canonical_solution.replace("return a", "return a + 1")
+    assert wrong != task.canonical_solution
+    g = judge(runner, "HumanEval/13", wrong)
+    assert g.outcome is Outcome.FAILED
+
+
+CHEATS = {
+    "always-equal object": (
+        "    class Eq:\n        def __eq__(self, o): return True\n"
+        "        def __ne__(self, o): return False\n    return Eq()\n"),
+    "str subclass that equals anything": (
+        "    class S(str):\n        def __eq__(self, o): return True\n    return S('x')\n"),
+    "exit 0 before the tests": "    pass\nimport sys\nsys.exit(0)\n",
+    "os._exit(0) in the call": "    import os\n    os._exit(0)\n",
+    "SystemExit in the call": "    raise SystemExit(0)\n",
+    "prints a fake success": (
+        "    print('All tests passed'); print('{\"passed\": true}')\n    return None\n"),
+    "patches builtins": (
+        "    import builtins\n    builtins.AssertionError = type('A', (Exception,), {})\n"
+        "    builtins.isinstance = lambda *a: True\n    return None\n"),
+    "walks the stack": (
+        "    import sys, gc\n    f = sys._getframe()\n    while f.f_back: f = f.f_back\n"
+        "    for o in gc.get_objects():\n        pass\n    return None\n"),
+    "reads the tests": (
+        "    import os\n    found = [p for d in ('/workspace', '/tmp') for p in os.listdir(d)]\n"
+        "    return found\n"),
+    "writes to the judge channel": (
+        "    import os\n    os.write(3, b'\\x00\\x00\\x00\\x05junk!')\n    return None\n"),
+}
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+def test_cheats_do_not_pass(runner, cheat):
+    g = judge(runner, "HumanEval/0", CHEATS[cheat])
+    assert g.outcome is not Outcome.PASSED, (cheat, g)
+    assert g.outcome in (Outcome.FAILED, Outcome.TIMEOUT), (cheat, g.outcome, g.message)
+    # and the honest solution of the same task still passes
+    ok = judge(runner, "HumanEval/0", TASKS["HumanEval/0"].canonical_solution)
+    assert ok.passed, ok
+
+
+def test_hang_is_a_timeout_and_memory_bomb_is_memory(runner):
+    g = judge(runner, "HumanEval/0", "    while True:\n        pass\n")
+    assert g.outcome is Outcome.TIMEOUT, (g.outcome, g.message)
+    g = judge(runner, "HumanEval/0",
+              "    b = []\n    while True:\n        b.append(b'x' * 10**7)\n")
+    assert g.outcome in (Outcome.MEMORY, Outcome.FAILED), (g.outcome, g.message)
+    runner.assert_no_leaks()
+
+
+def test_same_code_same_grade_every_time(runner):
+    task = TASKS["HumanEval/38"]  # random inputs inside its tests
+    outcomes = {judge(runner, task.task_id, task.canonical_solution).outcome
+                for _ in range(3)}
+    assert outcomes == {Outcome.PASSED}

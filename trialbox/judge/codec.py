@@ -1,0 +1,199 @@
+"""Plain-data codec for the judge-candidate boundary (DESIGN.md, decision 2).
+
+Values cross between the trusted judge and the untrusted candidate as bytes: None, bool,
+int, float, str, bytes, list, tuple, dict, set, frozenset, of those *exact* types (so no
+candidate ``__eq__`` rides along in a subclass), at most `MAX_DEPTH` containers deep,
+`MAX_ITEMS` values and `MAX_SIZE` bytes. The encoding is compact ASCII JSON; null, bools,
+ints within +-2**53, finite floats, str and lists stand for themselves, all else is tagged:
+`[(1, b"hi"), {"k": {-0.0}}, 2**64]` is [{"t":"tuple","v":[1,{"t":"bytes","v":"aGk="}]},
+{"t":"dict","v":[["k",{"t":"set","v":[-0.0]}]]},{"t":"int","v":"10000000000000000"}].
+`decode` builds only those builtins and accepts only the one encoding `encode` makes of a
+value. Stdlib only, no trialbox imports: the sandbox's stub (python3.11) imports it too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
+
+MAX_DEPTH = 64  # containers nested in one another, the outermost counting 1
+MAX_ITEMS = 1_000_000  # values in all: every container, element, dict key and dict value
+MAX_SIZE = 16 << 20  # bytes of encoding
+MAX_SAME_HASH = 16  # set elements / dict keys sharing one hash; more is hash flooding
+_SAFE_INT = 2**53  # JSON readers keep ints this large exactly; larger ones are tagged
+_HEX_INT = re.compile(r"-?[1-9a-f][0-9a-f]*")  # format(n, "x") of a big int
+_index, _item, _key = "[{}]".format, "<item {}>".format, "<key {}>".format  # path steps
+_dumps = json.JSONEncoder().encode  # of None, a bool or a str only: ASCII, \u-escaped
+_tag = '{{"t":"{}","v":{}}}'.format  # _tag("tuple", "[1,2]") == '{"t":"tuple","v":[1,2]}'
+
+
+class CodecError(ValueError):
+    """A value is not plain data or breaks a limit, or bytes are not an encoding of one."""
+
+
+class _Bad(Exception):
+    """Raised deep inside a value; each container it leaves adds its step to `where`."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(msg)
+        self.where: list[str] = []
+
+    def error(self) -> CodecError:
+        return CodecError(f"at {''.join(reversed(self.where)) or 'top level'}: {self.args[0]}")
+
+
+def _each(xs: Iterable[Any], step: Callable[[int], str], fn: Callable[[Any], Any]) -> list[Any]:
+    """[fn(x) for x in xs], adding step(i) to the path of a failure at the i-th x."""
+    out: list[Any] = []
+    try:
+        for x in xs:
+            out.append(fn(x))
+    except _Bad as e:
+        e.where.append(step(len(out)))
+        raise
+    return out
+
+
+def _value_of(keys: list[Any]) -> Callable[[int], str]:
+    """The path step to the value of the i-th key: [repr(key)] if short and a scalar."""
+    def step(i: int) -> str:
+        k = keys[i]  # plain data by now, so type() and repr() hold no tricks
+        short = type(k) in (str, float, bool, type(None)) and len(repr(k)) <= 40
+        return f"[{k!r}]" if short or type(k) is int and abs(k) < 10**20 else f"[<key {i}>]"
+    return step
+
+
+def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
+           max_items: int = MAX_ITEMS) -> bytes:
+    """Encode plain data; CodecError names the path to anything else: at [2]['k']: ..."""
+    items = size = 0  # size: a lower bound on the output, to stop early on huge values
+    open_ids: set[int] = set()  # containers on the current path, to catch cycles
+
+    def enc(v: object, depth: int) -> str:
+        nonlocal items, size
+        items, size = items + 1, size + 1
+        if items > max_items:
+            raise _Bad(f"more than {max_items} values")
+        size += len(v) if type(v) is str else len(v) * 4 // 3 if type(v) is bytes else 0
+        if size > max_size:
+            raise _Bad(f"encoding exceeds max_size={max_size} bytes")
+        if v is None or type(v) is bool or type(v) is str:
+            return _dumps(v)
+        if type(v) is int:  # big ints in hex: str() refuses more than 4300 digits
+            return repr(v) if -_SAFE_INT <= v <= _SAFE_INT else _tag("int", f'"{v:x}"')
+        if type(v) is float:
+            return repr(v) if math.isfinite(v) else _tag("float", f'"{v!r}"')
+        if type(v) is bytes:
+            return _tag("bytes", '"%s"' % base64.b64encode(v).decode("ascii"))
+        if not (type(v) is list or type(v) is tuple or type(v) is dict or type(v) is set
+                or type(v) is frozenset):
+            raise _Bad(f"type {type(v).__name__} is not plain data")
+        if depth >= max_depth:
+            raise _Bad(f"nested more than {max_depth} deep")
+        if id(v) in open_ids:
+            raise _Bad(f"cycle: this {type(v).__name__} contains itself")
+        open_ids.add(id(v))
+        inner = partial(enc, depth=depth + 1)
+        if type(v) is dict:
+            keys = list(v)
+            ks, vs = _each(keys, _key, inner), _each(v.values(), _value_of(keys), inner)
+            out = _tag("dict", "[%s]" % ",".join(map("[{},{}]".format, ks, vs)))
+        elif type(v) is list or type(v) is tuple:
+            out = "[%s]" % ",".join(_each(v, _index, inner))
+            out = out if type(v) is list else _tag("tuple", out)
+        else:  # sorted, so that the encoding does not depend on iteration order
+            out = _tag(type(v).__name__, "[%s]" % ",".join(sorted(_each(v, _item, inner))))
+        open_ids.discard(id(v))
+        return out
+
+    try:
+        data = enc(value, 0).encode("ascii")
+    except _Bad as e:
+        raise e.error() from None
+    if len(data) > max_size:
+        raise CodecError(f"encoding is {len(data)} bytes, more than max_size={max_size}")
+    return data
+
+
+def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
+           max_items: int = MAX_ITEMS) -> Any:
+    """The value `encode` made `data` from; CodecError for bytes it could not have made."""
+    if type(data) is not bytes:
+        raise TypeError(f"decode() takes bytes, not {type(data).__name__}")
+    if len(data) > max_size:
+        raise CodecError(f"input is {len(data)} bytes, more than max_size={max_size}")
+    try:
+        # a JSON object is read as a tuple of (key, value) pairs, which JSON never makes
+        tree = json.loads(data.decode("utf-8"), parse_int=_read_int, object_pairs_hook=tuple)
+    except (ValueError, RecursionError) as e:  # also UnicodeDecodeError, CodecError
+        raise CodecError(f"not UTF-8 JSON: {e}") from None
+    items = 0
+
+    def dec(j: Any, depth: int) -> Any:
+        nonlocal items
+        items += 1
+        if items > max_items:
+            raise _Bad(f"more than {max_items} values")
+        if j is None or type(j) is bool or type(j) is str:
+            return j
+        if type(j) is int and abs(j) <= _SAFE_INT or type(j) is float and math.isfinite(j):
+            return j
+        if type(j) is tuple and ([k for k, _ in j] != ["t", "v"] or type(j[0][1]) is not str):
+            raise _Bad('a JSON object that is not {"t": str, "v": payload}')
+        if type(j) is not list and type(j) is not tuple:
+            raise _Bad(f"number {j!r} out of range")  # also NaN, Infinity, 1e999
+        tag, v = (None, j) if type(j) is list else (j[0][1], j[1][1])  # None: a JSON array
+        if tag == "int" and type(v) is str and _HEX_INT.fullmatch(v):
+            return int(v, 16)
+        if tag == "float" and v in ("nan", "inf", "-inf"):  # repr() of non-finite floats
+            return float(v)
+        if tag == "bytes" and type(v) is str:
+            try:
+                return base64.b64decode(v, validate=True)
+            except ValueError:  # binascii.Error, or a non-ASCII str
+                raise _Bad("malformed base64") from None
+        if tag not in (None, "tuple", "dict", "set", "frozenset") or type(v) is not list:
+            raise _Bad(f"unknown tag or malformed payload: {str(tag)[:40]!r}")
+        if depth >= max_depth:
+            raise _Bad(f"nested more than {max_depth} deep")
+        inner = partial(dec, depth=depth + 1)
+        if tag is None or tag == "tuple":
+            out = _each(v, _index, inner)
+            return out if tag is None else tuple(out)
+        if tag == "dict":
+            if not all(type(p) is list and len(p) == 2 for p in v):
+                raise _Bad("dict entries must be [key, value] pairs")
+            keys = _each((p[0] for p in v), _key, inner)
+            elems = _each((p[1] for p in v), _value_of(keys), inner)
+        else:
+            keys = elems = _each(v, _item, inner)
+        try:  # hash flooding: ints equal mod 2**61-1 make building a set quadratic
+            if max(Counter(map(hash, keys)).values(), default=0) > MAX_SAME_HASH:
+                raise _Bad(f"more than {MAX_SAME_HASH} keys of this {tag} share a hash")
+        except TypeError:
+            raise _Bad(f"unhashable key in {tag}") from None
+        built = dict(zip(keys, elems, strict=True)) if tag == "dict" else (
+            set(keys) if tag == "set" else frozenset(keys))
+        if len(built) != len(keys):
+            raise _Bad(f"duplicate key in {tag}")
+        return built
+
+    try:
+        value = dec(tree, 0)
+    except _Bad as e:
+        raise e.error() from None
+    if encode(value, max_size=max_size, max_depth=max_depth, max_items=max_items) != data:
+        raise CodecError("not the canonical encoding of its value (spacing, number form...)")
+    return value
+
+
+def _read_int(text: str) -> int:
+    if len(text) > 17:  # beyond +-2**53, so never made by encode; and slow to parse
+        raise CodecError(f"integer literal of {len(text)} characters")
+    return int(text)

@@ -1,0 +1,145 @@
+"""`trialbox eval`: grade a file of samples against a task set, one output row per input
+row, in input order — nothing is dropped, whatever the input holds.
+
+Each sample row is HumanEval-style: {"task_id": ..., "completion": ...} (the completion
+is appended to the task's prompt). Each output row: task_id, passed, reward (null when
+excluded), outcome, message, flags, per-test results, timings. The summary (returned,
+and printed last by the CLI) has pass@1, counts per outcome, and whether repeated
+gradings agreed (determinism).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.judge.function import JudgeConfig, judge_function
+from trialbox.sandbox.pool import CellPool
+from trialbox.types import Grade, Outcome, Task, TaskKind
+
+
+def reward_of(grade: Grade) -> float | None:
+    """The default reward: 1.0 for a pass, 0.0 for anything the candidate did, None
+    (excluded from training) when the machinery or the task's own tests failed."""
+    if grade.outcome in (Outcome.INFRA, Outcome.ERROR):
+        return None
+    return 1.0 if grade.passed else 0.0
+
+
+def read_samples(path: str) -> list[dict[str, Any] | str]:
+    """Sample rows as dicts, or a string saying what is wrong with that row."""
+    rows: list[dict[str, Any] | str] = []
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read --samples {path}: {e.strerror}") from e
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            rows.append(f"{path}:{n}: not a JSON object ({e})")
+            continue
+        if not isinstance(row, dict):
+            rows.append(f"{path}:{n}: a sample must be a JSON object with task_id and "
+                        "completion")
+        elif not isinstance(row.get("task_id"), str):
+            rows.append(f"{path}:{n}: missing or non-string task_id")
+        elif not isinstance(row.get("completion"), str):
+            rows.append(f"{path}:{n}: missing or non-string completion")
+        else:
+            rows.append(row)
+    return rows
+
+
+def _row(sample: dict[str, Any] | str, grades: list[Grade]) -> dict[str, Any]:
+    if isinstance(sample, str):
+        return {"task_id": None, "passed": False, "reward": None, "outcome": "error",
+                "message": sample, "flags": [], "tests": [], "wall_ms": 0.0}
+    g = grades[0]
+    rewards = [reward_of(x) for x in grades]
+    return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0],
+            "outcome": g.outcome.value, "message": g.message, "flags": list(g.flags),
+            "tests": [asdict(t) for t in g.tests], "wall_ms": g.wall_ms,
+            "candidate_cpu_ms": g.candidate_cpu_ms,
+            "candidate_peak_memory_bytes": g.candidate_peak_memory_bytes,
+            "attempts": g.attempts,
+            "repeats": [{"outcome": x.outcome.value, "reward": r}
+                        for x, r in zip(grades[1:], rewards[1:], strict=True)],
+            "deterministic": len({(x.outcome, r) for x, r in zip(grades, rewards,
+                                                                   strict=True)}) == 1}
+
+
+async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | str],
+                   pool: CellPool, *, repeat: int = 1, workers: int = 4,
+                   config: JudgeConfig | None = None,
+                   progress: Callable[[int, int], None] | None = None,
+                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Grade every sample `repeat` times with `workers` attempts in flight."""
+    if repeat < 1 or workers < 1:
+        raise UsageError("--repeat and --workers must be at least 1")
+    for t in tasks.values():
+        if t.kind is not TaskKind.FUNCTION:
+            raise UsageError(f"task {t.task_id} is a {t.kind.value} task; only function "
+                             "tasks (HumanEval style) are judged so far")
+    sem = asyncio.Semaphore(workers)
+    done = 0
+    t0 = time.monotonic()
+
+    async def grade_one(sample: dict[str, Any] | str) -> dict[str, Any]:
+        nonlocal done
+        if isinstance(sample, str):
+            row = _row(sample, [])
+        elif sample["task_id"] not in tasks:
+            row = _row(f"unknown task_id {sample['task_id']!r}", [])
+            row["task_id"] = sample["task_id"]
+        else:
+            grades = []
+            for _ in range(repeat):
+                async with sem:
+                    grades.append(await judge_function(tasks[sample["task_id"]],
+                                                       sample["completion"], pool, config))
+            row = _row(sample, grades)
+        done += 1
+        if progress is not None:
+            progress(done, len(samples))
+        return row
+
+    rows = await asyncio.gather(*(grade_one(s) for s in samples))
+    wall = time.monotonic() - t0
+    graded = [r for r in rows if r["reward"] is not None]
+    summary = {
+        "samples": len(rows),
+        "pass@1": round(sum(r["passed"] for r in graded) / len(graded), 6) if graded else None,
+        "outcomes": dict(Counter(r["outcome"] for r in rows)),
+        "excluded": len(rows) - len(graded),
+        "flags": dict(Counter(f for r in rows for f in r["flags"])),
+        "repeat": repeat,
+        "deterministic": all(r.get("deterministic", True) for r in rows),
+        "nondeterministic_task_ids": [r["task_id"] for r in rows
+                                      if not r.get("deterministic", True)],
+        "wall_s": round(wall, 3),
+        "graded_per_s": round(len(rows) * repeat / wall, 2) if wall > 0 else None,
+    }
+    return list(rows), summary
+
+
+def progress_bar(done: int, total: int) -> None:
+    """A one-line progress bar on stderr, only when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()

