@@ -20,7 +20,8 @@ from dataclasses import asdict
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.function import JudgeConfig, judge_function
+from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.types import Grade, Outcome, Task, TaskKind
 
@@ -91,7 +92,11 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         if t.kind is not TaskKind.FUNCTION:
             raise UsageError(f"task {t.task_id} is a {t.kind.value} task; only function "
                              "tasks (HumanEval style) are judged so far")
-    sem = asyncio.Semaphore(workers)
+    # One trusted harness session per worker, reused task after task; each candidate
+    # attempt still gets a fresh sandbox of its own.
+    harnesses: asyncio.Queue[NamespaceSandbox] = asyncio.Queue()
+    for _ in range(min(workers, len(samples)) or 1):
+        harnesses.put_nowait(await open_harness(pool, config))
     done = 0
     t0 = time.monotonic()
 
@@ -105,16 +110,24 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         else:
             grades = []
             for _ in range(repeat):
-                async with sem:
+                harness = await harnesses.get()
+                try:
                     grades.append(await judge_function(tasks[sample["task_id"]],
-                                                       sample["completion"], pool, config))
+                                                       sample["completion"], pool, config,
+                                                       harness))
+                finally:
+                    harnesses.put_nowait(harness)
             row = _row(sample, grades)
         done += 1
         if progress is not None:
             progress(done, len(samples))
         return row
 
-    rows = await asyncio.gather(*(grade_one(s) for s in samples))
+    try:
+        rows = await asyncio.gather(*(grade_one(s) for s in samples))
+    finally:
+        while not harnesses.empty():
+            await harnesses.get_nowait().close()
     wall = time.monotonic() - t0
     graded = [r for r in rows if r["reward"] is not None]
     summary = {

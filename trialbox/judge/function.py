@@ -75,9 +75,24 @@ def _program(name: str) -> bytes:
         return f.read()
 
 
+async def open_harness(pool: CellPool, config: JudgeConfig | None = None) -> NamespaceSandbox:
+    """A session for the trusted harness that several judgements may share, one at a
+    time (every process of a run dies with it; only job.json changes between tasks).
+    The candidate always gets a fresh session of its own."""
+    config = config or JudgeConfig()
+    harness = await NamespaceSandbox.open(pool, config.harness_limits)
+    await harness.write_file("_trialbox_codec.py", _program("codec.py"))
+    await harness.write_file("_trialbox_harness.py", _program("harness_program.py"))
+    return harness
+
+
 async def judge_function(task: Task, completion: str, pool: CellPool,
-                         config: JudgeConfig | None = None) -> Grade:
-    """Grade `completion` (appended to `task.prompt`) against the task's tests."""
+                         config: JudgeConfig | None = None,
+                         harness: NamespaceSandbox | None = None) -> Grade:
+    """Grade `completion` (appended to `task.prompt`) against the task's tests.
+
+    `harness`: a session from `open_harness` to reuse (saves a sandbox per attempt);
+    without one, a harness session is opened and closed here."""
     config = config or JudgeConfig()
     if task.kind is not TaskKind.FUNCTION or not task.entry_point:
         raise UsageError(f"{task.task_id}: judge_function needs a FUNCTION task with an "
@@ -87,14 +102,15 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
                          f"{type(completion).__name__}")
     grade = Grade(task.task_id, Outcome.INFRA)
     for attempt in range(1 + config.retries):
-        grade = replace(await _attempt(task, completion, pool, config), attempts=attempt + 1)
+        grade = replace(await _attempt(task, completion, pool, config, harness),
+                        attempts=attempt + 1)
         if grade.outcome is not Outcome.INFRA:
             break
     return grade
 
 
-async def _attempt(task: Task, completion: str, pool: CellPool,
-                   config: JudgeConfig) -> Grade:
+async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
+                   shared: NamespaceSandbox | None) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
@@ -103,15 +119,13 @@ async def _attempt(task: Task, completion: str, pool: CellPool,
            "load_timeout": config.load_timeout_s,
            "tests": [{"name": t.name, "code": t.code} for t, _ in tests]}
     cand = await NamespaceSandbox.open(pool, config.candidate_limits)
-    harness = await NamespaceSandbox.open(pool, config.harness_limits)
+    harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
     try:
         await cand.write_file("solution.py", (task.prompt + completion).encode(
             "utf-8", errors="surrogateescape"))
         await cand.write_file("_trialbox_codec.py", _program("codec.py"))
         await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
-        await harness.write_file("_trialbox_codec.py", _program("codec.py"))
-        await harness.write_file("_trialbox_harness.py", _program("harness_program.py"))
         await harness.write_file("job.json", json.dumps(job).encode())
         cand_run = asyncio.ensure_future(cand.exec(
             ["python3", "_trialbox_stub.py", task.entry_point],
@@ -125,7 +139,8 @@ async def _attempt(task: Task, completion: str, pool: CellPool,
         ours.close()
         theirs.close()
         await cand.close()
-        await harness.close()
+        if shared is None:
+            await harness.close()
     return _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
 
 
