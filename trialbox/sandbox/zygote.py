@@ -166,7 +166,7 @@ def serve(ctl):
     buf = ctypes.create_string_buffer(prog, len(prog))
     SECCOMP_PROG = (buf, SockFprog(len(prog) // 8, ctypes.addressof(buf)))
     signal.signal(signal.SIGCHLD, reap)
-    prewarm(CONFIG.get("preload", ()))
+    prewarm(CONFIG.get("preload", ()), CONFIG.get("preload_sources", ()))
     # Pre-fork server discipline: freeze every object that exists now into the permanent
     # generation and keep the collector off, so no collection in a forked child walks
     # (and so copies, page by page) the inherited heap. The candidate gets gc back on.
@@ -219,9 +219,11 @@ print(f"{1:>3} {'s'!r}", end="")
 """
 
 
-def prewarm(modules):
+def prewarm(modules, sources=()):
     """Do once, here, what every child would otherwise do cold: the first compile() in
-    a process costs ~2 ms (parser tables), the first import of common modules more."""
+    a process costs ~2 ms (parser tables), the first import of common modules more.
+    `sources` are (name, code) of standalone helper modules the pool's user wants
+    importable at no cost (e.g. the judge's codec); they are not secret."""
     compile(WARMUP_SOURCE, "<warmup>", "exec")
     json.loads(json.dumps({"a": [1, "b", None, 1.5, True]}))
     for name in modules:
@@ -229,6 +231,14 @@ def prewarm(modules):
             __import__(name)
         except Exception:
             pass
+    for name, source in sources:
+        module = types.ModuleType(name)
+        module.__file__ = "<%s>" % name
+        sys.modules[name] = module
+        try:
+            exec(compile(source, module.__file__, "exec"), module.__dict__)
+        except Exception:
+            del sys.modules[name]
 
 
 def warm(ctl, msg, fds):
