@@ -30,6 +30,7 @@ from functools import cache
 from typing import Any
 
 from trialbox.errors import UsageError
+from trialbox.judge.anticheat import CHEAT_DETECTORS, dynamic_scan, is_cheat, static_scan
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool, PoolConfig
 from trialbox.types import (
@@ -151,7 +152,25 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
         await cand.close()
         if shared is None:
             await harness.close()
-    return _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
+    grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
+    return _with_flags(grade, task, completion, rc)
+
+
+def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Grade:
+    """Run the detectors. Flags never turn a failure into a pass; a cheat detector that
+    fires scores the attempt CHEAT (reward 0) and names itself. Excluded attempts
+    (infra, broken tests) stay excluded."""
+    flags = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
+    flags += dynamic_scan(rc.stdout, rc.stderr)
+    if not flags:
+        return grade
+    names = tuple(sorted({f.detector for f in flags}))
+    if is_cheat(flags) and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
+        detail = "; ".join(f"{f.detector}: {f.detail}" for f in flags
+                           if f.detector in CHEAT_DETECTORS)
+        return replace(grade, outcome=Outcome.CHEAT, flags=names,
+                       message=f"cheat detected — {detail}"[:2000])
+    return replace(grade, flags=names)
 
 
 def _grade(task: Task, tests: list[tuple[Any, bool]], nonce: str, rc: ExecResult,
