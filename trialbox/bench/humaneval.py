@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -209,18 +208,8 @@ async def human_eval_round(exec_path: str, samples_path: str, workers: int
 # ------------------------------------------------------------------ trialbox
 
 async def settle(pool: Any, timeout: float = SETTLE_S) -> None:
-    """Off the clock: until the pool holds its warm cells again, warms no more, and its
-    cgroup janitor is idle."""
-    deadline = time.monotonic() + timeout
-    while ((pool.ready_count < pool.config.warm or getattr(pool, "_warming", 0) > 0)
-           and time.monotonic() < deadline):
-        await asyncio.sleep(0.002)
-    janitor = getattr(pool, "_janitor", None)  # one thread, FIFO: a no-op waits it out
-    if janitor is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(janitor, lambda: None),
-                max(0.01, deadline - time.monotonic()))
+    """Off the clock: until the pool is idle again (see CellPool.settle)."""
+    await pool.settle(timeout)
 
 
 async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], pool: Any,

@@ -358,19 +358,8 @@ class TrialboxSystem(System):
     async def settle(self, timeout: float = 2.0) -> None:
         """Until the pool holds its warm cells again, warms no more, and its cgroup
         janitor is idle."""
-        pool = self.pool
-        if pool is None or pool.closed:
-            return
-        deadline = time.monotonic() + timeout
-        while ((pool.ready_count < pool.config.warm or getattr(pool, "_warming", 0) > 0)
-               and time.monotonic() < deadline):
-            await asyncio.sleep(0.0005)
-        janitor = getattr(pool, "_janitor", None)  # one thread, FIFO: a no-op waits it out
-        if janitor is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(
-                    asyncio.get_running_loop().run_in_executor(janitor, lambda: None),
-                    max(0.01, deadline - time.monotonic()))
+        if self.pool is not None and not self.pool.closed:
+            await self.pool.settle(timeout)
 
     async def close(self) -> None:
         if self.pool is not None:
