@@ -1,8 +1,8 @@
 """`trialbox demo` — the main job as it stands: untrusted programs, good and hostile, run
-in the namespace sandbox and reported exactly.
+in the namespace sandbox and reported exactly; then the trusted judge grading honest,
+wrong and cheating solutions of a HumanEval task.
 
-When the training loop lands (rollouts → judge → GRPO), this becomes the training demo;
-until then it shows the primitive everything stands on.
+When the training loop lands (rollouts → judge → GRPO), this becomes the training demo.
 """
 
 from __future__ import annotations
@@ -112,12 +112,14 @@ async def _main() -> int:
             lat = []
             await sb.write_file("t.py", b"import time\nprint(time.monotonic_ns())\n")
             for _ in range(30):
+                await asyncio.sleep(0.02)  # an agent thinks between turns
                 t = time.monotonic_ns()
                 r = await sb.exec(["python3", "t.py"])
                 lat.append((int(r.stdout) - t) / 1e6)
         print(f"\n start to first instruction of a Python program: p50 "
               f"{statistics.median(lat):.2f} ms over {len(lat)} runs "
               "(a fresh `python3 -c` is ~10-15 ms here; `make bench` measures it)")
+        bad += await _judge_showcase(color)
     finally:
         await pool.close()
     leftover = [p for p in os.listdir("/proc") if p.isdigit() and _is_sandbox(p, pool)]
@@ -125,6 +127,45 @@ async def _main() -> int:
     print("\n" + ("every program got the status it earned" if not bad else
                   f"{bad} program(s) got an unexpected status"))
     return 1 if bad or leftover else 0
+
+
+JUDGE_CASES = [
+    ("the reference solution", None, "passed"),
+    ("a wrong shortcut", "    return len(numbers) > 1\n", "failed"),
+    ("an always-equal object", "    class Eq:\n        def __eq__(self, o): return True\n"
+     "    return Eq()\n", "cheat"),
+    ("exits before the tests run", "    pass\nimport sys\nsys.exit(0)\n", "cheat"),
+    ("prints a fake success", "    print('All 7 tests passed')\n    return True\n", "cheat"),
+    ("loops forever", "    while True:\n        pass\n", "timeout"),
+]
+
+
+async def _judge_showcase(color: bool) -> int:
+    """HumanEval/0 graded by the trusted judge: the tests run in a sandbox of their own
+    and call the candidate through a plain-data proxy."""
+    from trialbox.judge.evaluate import reward_of
+    from trialbox.judge.function import JudgeConfig, judge_function, judge_pool_config
+    from trialbox.store.tasks import load_humaneval
+    task = next(t for t in load_humaneval() if t.task_id == "HumanEval/0")
+    config = JudgeConfig(call_timeout_s=1.0)
+    print(f"\n the trusted judge on {task.task_id} ({task.entry_point}, "
+          f"{len(task.hidden_tests)} hidden tests run outside the candidate):")
+    bad = 0
+    pool = await CellPool(judge_pool_config(warm=2)).start()
+    try:
+        for title, completion, expect in JUDGE_CASES:
+            g = await judge_function(task, completion or task.canonical_solution, pool,
+                                     config)
+            ok = g.outcome.value == expect
+            bad += not ok
+            mark = ("\x1b[32m✔\x1b[0m" if ok else "\x1b[31m✘\x1b[0m") if color else \
+                ("ok " if ok else "BAD")
+            passed = sum(t.passed for t in g.tests)
+            print(f" {mark} {title:<28} {g.outcome.value:<8} reward {reward_of(g)!s:<4} "
+                  f"tests {passed}/{len(g.tests)}  {g.message[:70]}")
+    finally:
+        await pool.close()
+    return bad
 
 
 def _is_sandbox(pid: str, pool: CellPool) -> bool:

@@ -1,0 +1,384 @@
+"""Judging stdio tasks: run the candidate's program on each test's stdin in a sandbox of
+its own, and compare its stdout with the expected bytes *outside* the sandbox.
+
+    candidate session (one per attempt)           the judge (this process)
+      main.py / main.c (compiled once)              compares stdout with `expected`:
+      one run per test: stdin in, stdout out ────►  exact | whitespace | float
+                                                    checker: a trusted program in a
+                                                    separate session decides
+
+The expected output never enters the candidate's sandbox, and what the program says
+about itself (exit status, stderr) is never evidence of a pass: a test passes only when
+the run ended normally (status 0) and its stdout compares equal. Infrastructure failures
+are retried and, if they persist, graded `infra` (reward None) — never a wrong answer. A
+checker that breaks on the task's own expected output is a broken task: `error`
+(excluded).
+
+Messages of hidden tests say where the output differs, never what was expected, so a
+grade fed back to the policy cannot leak hidden answers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.judge.anticheat import Flag, dynamic_scan, static_scan
+from trialbox.sandbox import languages
+from trialbox.sandbox.languages import Language, compile_limits_for
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.pool import CellPool
+from trialbox.types import (
+    Compare,
+    ExecResult,
+    ExecStatus,
+    Grade,
+    Limits,
+    Outcome,
+    Task,
+    TaskKind,
+    TestCase,
+    TestResult,
+)
+
+
+@dataclass(frozen=True)
+class StdioJudgeConfig:
+    """Limits of one stdio judgement."""
+
+    limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=10, cpu_s=10, memory_mb=256, disk_mb=32))
+    """The candidate's sandbox; each test's run gets these limits (compilation more)."""
+    checker_limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=10, cpu_s=10, memory_mb=256, disk_mb=32))
+    """The trusted checker's sandbox (CHECKER tasks); its disk holds input, expected and
+    the candidate's output (up to `limits.output_bytes`)."""
+    retries: int = 2
+    """Extra attempts after an infrastructure failure."""
+    stop_on_timeout: bool = True
+    """After a test times out, fail the rest without running them (an infinite loop
+    would otherwise cost every test's wall time; the outcome is TIMEOUT either way)."""
+
+    def __post_init__(self) -> None:
+        for name in ("limits", "checker_limits"):
+            value = getattr(self, name)
+            if not isinstance(value, Limits):
+                raise UsageError(f"StdioJudgeConfig.{name} must be a trialbox.types.Limits, "
+                                 f"got {type(value).__name__}")
+            if value.network:
+                raise UsageError(f"StdioJudgeConfig.{name}.network must be False: a stdio "
+                                 "program's only input is stdin")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) \
+                or self.retries < 0:
+            raise UsageError(f"StdioJudgeConfig.retries must be an int >= 0, got "
+                             f"{self.retries!r}")
+        if self.checker_limits.disk_bytes < 2 * self.limits.output_bytes + (1 << 20):
+            raise UsageError("StdioJudgeConfig.checker_limits.disk_mb is too small to hold "
+                             "the candidate's output (limits.output_bytes) with the input and "
+                             "expected files; raise checker_limits.disk_mb")
+
+
+STDIO_CHEAT_DETECTORS: frozenset[str] = frozenset({
+    "frame-walk", "gc-introspection", "builtins-patch", "sys-modules-patch", "fs-probe",
+    "signal-tamper", "fd-tamper"})
+"""Detectors that make a stdio attempt a cheat. `anticheat.CHEAT_DETECTORS` is tuned for
+library code loaded by a harness; a stdio program *is* `__main__`: `sys.exit` and
+printing are how it ends and answers (exit-call, test-runner-output), and it is compared
+as bytes, so no object crosses (always-equal, builtin-subclass-eq) and no judge module
+shares its process (module-patch). Those are still recorded (below) when they fire, but
+do not change the grade."""
+
+_NORMAL_IN_PROGRAMS = frozenset({"exit-call", "test-runner-output"})
+"""Static findings not even recorded for stdio programs: nearly every program would carry
+them, which would drown the flag counts. Runner-like text on *stderr* (dynamic scan) is
+still recorded: stderr is not the answer, so such text there is aimed at someone else."""
+
+_TRACEBACK = b"Traceback (most recent call last)"
+_NUMBER = re.compile(rb"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_SNIPPET = 80
+
+
+class _Excluded(Exception):
+    """The attempt cannot be graded: the machinery (INFRA) or the task (ERROR) failed."""
+
+    def __init__(self, outcome: Outcome, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
+async def judge_stdio(task: Task, source: str, pool: CellPool,
+                      config: StdioJudgeConfig | None = None,
+                      language: str = "python") -> Grade:
+    """Grade the program `source` (in `language`: python, c, cpp, bash, sh) against the
+    task's tests, hidden first, then visible."""
+    config = config or StdioJudgeConfig()
+    if task.kind is not TaskKind.STDIO:
+        raise UsageError(f"{task.task_id}: judge_stdio needs a STDIO task, got "
+                         f"kind={task.kind.value!r}")
+    if task.compare is Compare.CHECKER and not task.checker:
+        raise UsageError(f"{task.task_id}: compare is 'checker' but the task has no checker")
+    if not isinstance(source, str):
+        raise UsageError(f"{task.task_id}: the source must be a str, got "
+                         f"{type(source).__name__}")
+    spec = languages.language(language)  # UnknownLanguage (a UsageError) names the choices
+    grade = Grade(task.task_id, Outcome.INFRA)
+    for attempt in range(1 + config.retries):
+        grade = replace(await _attempt(task, source, spec, pool, config),
+                        attempts=attempt + 1)
+        if grade.outcome is not Outcome.INFRA:
+            break
+    return grade
+
+
+async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
+                   config: StdioJudgeConfig) -> Grade:
+    t0 = time.monotonic()
+    tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
+    runs: list[ExecResult] = []
+    cand = await NamespaceSandbox.open(pool, config.limits)
+    checker = _Checker(task, pool, config.checker_limits)
+    try:
+        results, message = await _run_tests(task, source, spec, tests, cand, checker,
+                                            config, runs)
+    except _Excluded as e:
+        return _grade(task, e.outcome, (), e.message, runs, t0)
+    finally:
+        await cand.close()
+        await checker.close()
+    grade = _grade(task, _outcome(results, runs, message), results,
+                   message or _first_failure(results), runs, t0)
+    return _with_flags(grade, source, spec, runs)
+
+
+async def _run_tests(task: Task, source: str, spec: Language,
+                     tests: list[tuple[TestCase, bool]], cand: NamespaceSandbox,
+                     checker: _Checker, config: StdioJudgeConfig,
+                     runs: list[ExecResult]) -> tuple[tuple[TestResult, ...], str]:
+    """Per-test results, and a message when the program never ran (did not compile)."""
+    if not tests:
+        raise _Excluded(Outcome.ERROR, "the task has no tests")
+    try:
+        await cand.write_file(spec.filename, source.encode("utf-8", errors="surrogateescape"))
+    except UsageError as e:  # the program does not fit the workspace: the candidate's doing
+        return _none_ran(tests, f"the program could not be written: {e}")
+    if spec.compile:
+        comp = await cand.exec(list(spec.compile), limits=compile_limits_for(config.limits))
+        if comp.status is ExecStatus.INFRA:
+            raise _Excluded(Outcome.INFRA, f"candidate sandbox (compiling): {comp.message}")
+        if not comp.ok:
+            why = comp.stderr_text.strip()[-2000:] or comp.stdout_text.strip()[-2000:]
+            return _none_ran(tests, f"compilation failed ({comp.status.value}"
+                                    f"{': ' + comp.message if comp.message else ''}): {why}")
+    results: list[TestResult] = []
+    skip = ""
+    for test, hidden in tests:
+        if skip:
+            results.append(TestResult(test.name, False, f"not run: {skip}", 0.0, hidden))
+            continue
+        r = await cand.exec(list(spec.run), stdin=test.stdin)
+        runs.append(r)
+        if r.status is ExecStatus.INFRA:
+            raise _Excluded(Outcome.INFRA, f"candidate sandbox: {r.message}")
+        failed = await _verdict(task, test, hidden, r, checker)
+        results.append(TestResult(test.name, failed is None, failed or "", r.wall_ms, hidden))
+        if r.status is ExecStatus.TIMEOUT and config.stop_on_timeout:
+            skip = f"{test.name} timed out"
+    return tuple(results), ""
+
+
+def _none_ran(tests: Sequence[tuple[TestCase, bool]],
+              message: str) -> tuple[tuple[TestResult, ...], str]:
+    return tuple(TestResult(t.name, False, "not run: the program did not build", 0.0, h)
+                 for t, h in tests), message
+
+
+async def _verdict(task: Task, test: TestCase, hidden: bool, r: ExecResult,
+                   checker: _Checker) -> str | None:
+    """None when the test passed, else why it failed."""
+    if r.status is ExecStatus.TIMEOUT:
+        return f"timeout: {r.message}" if r.message else "timeout"
+    if r.status is ExecStatus.MEMORY:
+        return f"memory: {r.message}" if r.message else "memory"
+    if r.status is ExecStatus.OUTPUT:
+        return "output limit: wrote more than the sandbox keeps"
+    if r.status is ExecStatus.DISK:
+        return "disk full"
+    if r.status is ExecStatus.SIGNAL:
+        return f"crashed: {r.message or f'killed by signal {r.signal}'}"
+    if r.status is ExecStatus.EXIT:
+        # A crash is a failure whatever was printed before it; say so when the output
+        # was right (the checker is not consulted for a crashed run).
+        right = task.compare is not Compare.CHECKER and compare_output(
+            task.compare, test.expected, r.stdout, task.float_tol) is None
+        tail = r.stderr_text.strip()[-300:]
+        return (f"crashed: exited with status {r.exit_code}"
+                + (" (its output was correct)" if right else "")
+                + (f": {tail}" if tail and not hidden else ""))
+    if task.compare is Compare.CHECKER:
+        return await checker.verdict(test, hidden, r.stdout)
+    why = compare_output(task.compare, test.expected, r.stdout, task.float_tol)
+    if why is None:
+        return None
+    if hidden:
+        return f"wrong answer: {why}"
+    return (f"wrong answer: {why}; expected {_snip(test.expected)}, got {_snip(r.stdout)}")
+
+
+def _snip(data: bytes) -> str:
+    return repr(data[:_SNIPPET]) + ("…" if len(data) > _SNIPPET else "")
+
+
+# --------------------------------------------------------------------------- comparing
+
+def compare_output(mode: Compare, expected: bytes, actual: bytes,
+                   float_tol: float = 1e-6) -> str | None:
+    """None when `actual` matches `expected` under `mode`, else where it differs (never
+    what was expected). CHECKER cannot be decided here.
+
+    >>> compare_output(Compare.WHITESPACE, b"1 2\\n", b"1  2")
+    >>> compare_output(Compare.FLOAT, b"0.3333333", b"0.33333334", 1e-6)
+    >>> compare_output(Compare.EXACT, b"3\\n", b"3")
+    'output differs at byte 1 (expected 2 bytes, got 1)'
+    """
+    if mode is Compare.EXACT:
+        if actual == expected:
+            return None
+        at = next((i for i, (a, b) in enumerate(zip(expected, actual, strict=False))
+                   if a != b), min(len(expected), len(actual)))
+        return (f"output differs at byte {at}"
+                + (f" (expected {len(expected)} bytes, got {len(actual)})"
+                   if len(expected) != len(actual) else ""))
+    if mode is Compare.CHECKER:
+        raise UsageError("compare_output cannot decide CHECKER; run the task's checker")
+    want, got = expected.split(), actual.split()
+    if len(want) != len(got):
+        return f"expected {len(want)} tokens, got {len(got)}"
+    same = _same_float if mode is Compare.FLOAT else _same_token
+    for i, (w, g) in enumerate(zip(want, got, strict=True)):
+        if not same(w, g, float_tol):
+            return f"token {i + 1} differs"
+    return None
+
+
+def _same_token(want: bytes, got: bytes, _tol: float) -> bool:
+    return want == got
+
+
+def _same_float(want: bytes, got: bytes, tol: float) -> bool:
+    """Numeric tokens within `tol`, absolute or relative to the expected value; any other
+    token (and any non-finite number) exactly. `float()` alone would also take "nan",
+    "inf" and "1_0", so numbers are recognised by their spelling first."""
+    if want == got:
+        return True
+    if not (_NUMBER.fullmatch(want) and _NUMBER.fullmatch(got)):
+        return False
+    w, g = float(want), float(got)
+    if not (math.isfinite(w) and math.isfinite(g)):
+        return False
+    return abs(w - g) <= tol or abs(w - g) <= tol * abs(w)
+
+
+# --------------------------------------------------------------------------- checker
+
+class _Checker:
+    """The task's trusted checker in a session of its own, opened at first use and shared
+    by the attempt's tests (only its data files change between them)."""
+
+    def __init__(self, task: Task, pool: CellPool, limits: Limits):
+        self.task, self.pool, self.limits = task, pool, limits
+        self.sb: NamespaceSandbox | None = None
+
+    async def run(self, test: TestCase, actual: bytes) -> ExecResult:
+        if self.sb is None:
+            self.sb = await NamespaceSandbox.open(self.pool, self.limits)
+            await self.sb.write_file("checker.py", self.task.checker.encode(
+                "utf-8", errors="surrogateescape"))
+        for name, data in (("input", test.stdin), ("expected", test.expected),
+                           ("actual", actual)):
+            await self.sb.write_file(name, data)
+        r = await self.sb.exec(["python3", "checker.py", "input", "expected", "actual"])
+        if r.status is ExecStatus.INFRA:
+            raise _Excluded(Outcome.INFRA, f"checker sandbox: {r.message}")
+        return r
+
+    async def verdict(self, test: TestCase, hidden: bool, actual: bytes) -> str | None:
+        r = await self.run(test, actual)
+        if r.ok:
+            return None
+        if r.status is ExecStatus.EXIT and _TRACEBACK not in r.stderr:
+            said = (r.stderr_text.strip() or r.stdout_text.strip())[-300:]
+            return "wrong answer: rejected by the checker" + (
+                f": {said}" if said and not hidden else "")
+        # The checker crashed (or ran out of time or memory). If it does so on the task's
+        # own expected output too, the task is broken: excluded. If only on this output,
+        # the output is what it could not read: the candidate's failure (otherwise a
+        # program could dodge a 0 by printing garbage).
+        own = await self.run(test, test.expected)
+        if not own.ok:
+            raise _Excluded(Outcome.ERROR, (
+                f"the task's checker is broken: on {test.name}'s expected output it "
+                f"ended with {own.status.value} {own.message}: "
+                f"{own.stderr_text.strip()[-1000:]}").strip())
+        return (f"wrong answer: the checker could not read the output "
+                f"({r.status.value}{' ' + r.message if r.message else ''})")
+
+    async def close(self) -> None:
+        if self.sb is not None:
+            await self.sb.close()
+
+
+# --------------------------------------------------------------------------- grading
+
+def _outcome(results: tuple[TestResult, ...], runs: list[ExecResult], message: str) -> Outcome:
+    """Mirrors function.py: PASSED only if every test passed; MEMORY when the candidate
+    hit its memory limit, TIMEOUT when a test ran out of time, FAILED otherwise."""
+    if message:  # the program never ran
+        return Outcome.FAILED
+    if results and all(r.passed for r in results):
+        return Outcome.PASSED
+    if any(r.status is ExecStatus.MEMORY for r in runs):
+        return Outcome.MEMORY
+    if any(r.status is ExecStatus.TIMEOUT for r in runs):
+        return Outcome.TIMEOUT
+    return Outcome.FAILED
+
+
+def _first_failure(results: tuple[TestResult, ...]) -> str:
+    first = next((r for r in results if not r.passed), None)
+    return f"{first.name}: {first.message}" if first else ""
+
+
+def _grade(task: Task, outcome: Outcome, results: tuple[TestResult, ...], message: str,
+           runs: list[ExecResult], t0: float) -> Grade:
+    common: dict[str, Any] = {
+        "wall_ms": round((time.monotonic() - t0) * 1e3, 3),
+        "candidate_cpu_ms": sum(r.cpu_ms for r in runs),
+        "candidate_peak_memory_bytes": max((r.peak_memory_bytes for r in runs), default=0)}
+    return Grade(task.task_id, outcome, tests=results, message=message[:4000], **common)
+
+
+def _with_flags(grade: Grade, source: str, spec: Language, runs: list[ExecResult]) -> Grade:
+    """Run the detectors: the static scan on Python sources (the whole source is the
+    candidate's: no trusted prefix), the output scan on stderr only (stdout is the
+    answer). Flags never turn a failure into a pass; a stdio cheat detector that fires
+    grades CHEAT (reward 0) naming itself. Excluded attempts stay excluded."""
+    flags: list[Flag] = []
+    if spec.name == "python":
+        flags += [f for f in static_scan(source) if f.detector not in _NORMAL_IN_PROGRAMS]
+    for r in runs:
+        flags += [f for f in dynamic_scan(b"", r.stderr) if f not in flags]
+    if not flags:
+        return grade
+    names = tuple(sorted({f.detector for f in flags}))
+    cheats = [f for f in flags if f.detector in STDIO_CHEAT_DETECTORS]
+    if cheats and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
+        detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
+        return replace(grade, outcome=Outcome.CHEAT, flags=names,
+                       message=f"cheat detected — {detail}"[:2000])
+    return replace(grade, flags=names)
