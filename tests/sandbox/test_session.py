@@ -419,3 +419,18 @@ def test_pass_fds_gives_the_program_a_channel_while_it_runs(runner):
     assert eof == b""
     assert lone.stdout.split() == [b"0", b"1", b"2", b"3"], lone  # 3: ls's own dir fd
     runner.assert_no_leaks()
+
+
+def test_close_stops_a_run_in_flight(runner):
+    async def body():
+        sb = await NamespaceSandbox.open(runner.pool, limits(wall_s=30))
+        task = asyncio.ensure_future(sb.exec(["sleep", "30"]))
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        await sb.close()
+        r = await task
+        return r, time.monotonic() - t0
+    r, took = runner.run(body())
+    assert r.status is ExecStatus.SIGNAL and "stopped by the caller" in r.message, describe(r)
+    assert took < 5
+    no_leaks(runner)

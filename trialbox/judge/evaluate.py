@@ -1,11 +1,12 @@
 """`trialbox eval`: grade a file of samples against a task set, one output row per input
 row, in input order — nothing is dropped, whatever the input holds.
 
-Each sample row is HumanEval-style: {"task_id": ..., "completion": ...} (the completion
-is appended to the task's prompt). Each output row: task_id, passed, reward (null when
-excluded), outcome, message, flags, per-test results, timings. The summary (returned,
-and printed last by the CLI) has pass@1, counts per outcome, and whether repeated
-gradings agreed (determinism).
+Each sample row is {"task_id": ..., "completion": ...}: for a function task (HumanEval
+style) the completion is appended to the task's prompt; for a stdio task it is the whole
+program, and the row may name its "language" (python, the default, c, cpp, bash, sh).
+Each output row: task_id, passed, reward (null when excluded), outcome, message, flags,
+per-test results, timings. The summary (returned, and printed last by the CLI) has
+pass@1, counts per outcome, and whether repeated gradings agreed (determinism).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from trialbox.errors import UsageError
+from trialbox.errors import UnknownLanguage, UsageError
 from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
+from trialbox.sandbox.languages import language
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.types import Grade, Outcome, Task, TaskKind
@@ -83,20 +86,23 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade]) -> dict[str, Any]:
 async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | str],
                    pool: CellPool, *, repeat: int = 1, workers: int = 4,
                    config: JudgeConfig | None = None,
+                   stdio_config: StdioJudgeConfig | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Grade every sample `repeat` times with `workers` attempts in flight."""
     if repeat < 1 or workers < 1:
         raise UsageError("--repeat and --workers must be at least 1")
     for t in tasks.values():
-        if t.kind is not TaskKind.FUNCTION:
+        if t.kind not in (TaskKind.FUNCTION, TaskKind.STDIO):
             raise UsageError(f"task {t.task_id} is a {t.kind.value} task; only function "
-                             "tasks (HumanEval style) are judged so far")
+                             "and stdio tasks are judged so far")
     # One trusted harness session per worker, reused task after task; each candidate
     # attempt still gets a fresh sandbox of its own.
     harnesses: asyncio.Queue[NamespaceSandbox] = asyncio.Queue()
-    for _ in range(min(workers, len(samples)) or 1):
-        harnesses.put_nowait(await open_harness(pool, config))
+    if any(t.kind is TaskKind.FUNCTION for t in tasks.values()):
+        for _ in range(min(workers, len(samples)) or 1):
+            harnesses.put_nowait(await open_harness(pool, config))
+    stdio_slots = asyncio.Semaphore(workers)  # stdio attempts need no harness
     done = 0
     t0 = time.monotonic()
 
@@ -107,6 +113,8 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         elif sample["task_id"] not in tasks:
             row = _row(f"unknown task_id {sample['task_id']!r}", [])
             row["task_id"] = sample["task_id"]
+        elif tasks[sample["task_id"]].kind is TaskKind.STDIO:
+            row = await grade_stdio(sample)
         else:
             grades = []
             for _ in range(repeat):
@@ -122,6 +130,24 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         if progress is not None:
             progress(done, len(samples))
         return row
+
+    async def grade_stdio(sample: dict[str, Any]) -> dict[str, Any]:
+        lang = sample.get("language", "python")
+        try:
+            if not isinstance(lang, str):
+                raise UnknownLanguage(f"language must be a string, got {lang!r}")
+            language(lang)
+        except UnknownLanguage as e:
+            row = _row(f"task {sample['task_id']!r}: {e}", [])
+            row["task_id"] = sample["task_id"]
+            return row
+        grades = []
+        for _ in range(repeat):
+            async with stdio_slots:
+                grades.append(await judge_stdio(tasks[sample["task_id"]],
+                                                sample["completion"], pool, stdio_config,
+                                                lang))
+        return _row(sample, grades)
 
     try:
         rows = await asyncio.gather(*(grade_one(s) for s in samples))

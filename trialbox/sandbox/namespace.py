@@ -95,9 +95,11 @@ class NamespaceSandbox:
             self._current.kill(ExecStatus.SIGNAL, "stopped by the caller")
 
     async def close(self) -> None:
-        """End the session (waits for a run in flight; `stop()` it first to cut it short)."""
+        """End the session. A run in flight is stopped first (its `exec` returns with
+        status `signal`, "stopped by the caller")."""
         if self.closed:
             return
+        await self.stop()
         async with self._lock:
             self._teardown()
 
