@@ -93,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
-                       description="Grade HumanEval-style samples ({task_id, completion} "
-                       "per line) against a task set, each in fresh sandboxes with the "
-                       "tests run outside the candidate. Writes one row per input row to "
-                       "--out; the last line printed is a JSON summary.")
+                       description="Grade samples ({task_id, completion[, language]} "
+                       "per line; for function tasks the completion is appended to the "
+                       "prompt, for stdio tasks it is the whole program) against a task "
+                       "set, each in fresh sandboxes with the tests run and compared "
+                       "outside the candidate. Writes one row per input row to --out; the "
+                       "last line printed is a JSON summary.")
     e.add_argument("--tasks", required=True, help="'humaneval' or a .jsonl[.gz] task file")
     e.add_argument("--samples", required=True, help="samples .jsonl")
     e.add_argument("--out", required=True, help="where to write the graded rows (.jsonl)")
