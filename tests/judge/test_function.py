@@ -3,10 +3,10 @@ and cheats fail, the sandbox breaking is never a wrong answer."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
+from trialbox.judge.evaluate import evaluate
 from trialbox.judge.function import JudgeConfig, judge_function
 from trialbox.store.tasks import load_humaneval
 from trialbox.types import Limits, Outcome
@@ -21,19 +21,23 @@ def judge(runner, task_id, completion, config=FAST):
     return runner.run(judge_function(TASKS[task_id], completion, runner.pool, config))
 
 
-def test_all_164_canonical_solutions_pass(runner):
-    async def body():
-        sem = asyncio.Semaphore(6)
-
-        async def one(task):
-            async with sem:
-                return await judge_function(task, task.canonical_solution, runner.pool, FAST)
-        return await asyncio.gather(*(one(t) for t in TASKS.values()))
-    grades = runner.run(body(), timeout=600)
-    bad = [(g.task_id, g.outcome.value, g.message) for g in grades if not g.passed]
+def test_all_164_canonical_solutions_pass_5_times_with_identical_rewards(runner):
+    """The issue's bar: every canonical solution passes, 5 repeats, identical rewards
+    (flake 0), with no cheat flag."""
+    samples = [{"task_id": t.task_id, "completion": t.canonical_solution}
+               for t in TASKS.values()]
+    rows, summary = runner.run(evaluate(TASKS, samples, runner.pool, repeat=5, workers=4,
+                                        config=FAST), timeout=900)
+    bad = [(r["task_id"], r["outcome"], r["message"]) for r in rows
+           if r["outcome"] != "passed" or any(x["outcome"] != "passed" for x in r["repeats"])]
     assert not bad, bad
-    assert sum(len(g.tests) for g in grades) == sum(len(t.hidden_tests)
-                                                    for t in TASKS.values())
+    assert summary["pass@1"] == 1.0 and summary["deterministic"] is True
+    assert all(r["reward"] == 1.0 and [x["reward"] for x in r["repeats"]] == [1.0] * 4
+               for r in rows)
+    assert not any(r["flags"] for r in rows if r["task_id"] != "HumanEval/160"), \
+        [r["flags"] for r in rows if r["flags"]]
+    assert sum(len(r["tests"]) for r in rows) == sum(len(t.hidden_tests)
+                                                     for t in TASKS.values())
     runner.assert_no_leaks()
 
 
