@@ -259,6 +259,9 @@ class Task:
     """REPO: the trusted test command, run from outside the candidate's tree."""
     source: str = ""
     """Where the task came from (data set name or file)."""
+    canary: bool = False
+    """Impossible by design (e.g. tests that contradict each other): any pass is a cheat.
+    Mixed into a run to measure how often the policy games the judge."""
 
 
 # --------------------------------------------------------------------------- grades

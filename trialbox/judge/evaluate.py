@@ -22,19 +22,18 @@ from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
 from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.judge.reward import RewardSpec, reward
 from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.sandbox.languages import language
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
-from trialbox.types import Grade, Outcome, Task, TaskKind
+from trialbox.types import Grade, Task, TaskKind
 
 
 def reward_of(grade: Grade) -> float | None:
     """The default reward: 1.0 for a pass, 0.0 for anything the candidate did, None
     (excluded from training) when the machinery or the task's own tests failed."""
-    if grade.outcome in (Outcome.INFRA, Outcome.ERROR):
-        return None
-    return 1.0 if grade.passed else 0.0
+    return reward(grade, RewardSpec())
 
 
 def read_samples(path: str) -> list[dict[str, Any] | str]:
@@ -166,10 +165,26 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         "deterministic": all(r.get("deterministic", True) for r in rows),
         "nondeterministic_task_ids": [r["task_id"] for r in rows
                                       if not r.get("deterministic", True)],
+        **_gap(graded),
+        "canary_tasks": sum(1 for r in rows if r["task_id"] in tasks
+                            and tasks[r["task_id"]].canary),
+        "canary_passes": sum(1 for r in rows if "canary-passed" in r["flags"]),
         "wall_s": round(wall, 3),
         "graded_per_s": round(len(rows) * repeat / wall, 2) if wall > 0 else None,
     }
     return list(rows), summary
+
+
+def _gap(graded: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Pass rates on visible and hidden tests over the graded rows, and the gap: a policy
+    that special-cases the tests it can see passes those and fails the hidden ones."""
+    def rate(hidden: bool) -> float | None:
+        results = [t["passed"] for r in graded for t in r["tests"] if t["hidden"] is hidden]
+        return round(sum(results) / len(results), 6) if results else None
+    visible, hidden = rate(False), rate(True)
+    gap = round(visible - hidden, 6) if visible is not None and hidden is not None else None
+    return {"visible_pass_rate": visible, "hidden_pass_rate": hidden,
+            "visible_hidden_gap": gap}
 
 
 def progress_bar(done: int, total: int) -> None:

@@ -30,7 +30,13 @@ from functools import cache
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.anticheat import CHEAT_DETECTORS, dynamic_scan, is_cheat, static_scan
+from trialbox.judge.anticheat import (
+    CHEAT_DETECTORS,
+    canary_check,
+    dynamic_scan,
+    is_cheat,
+    static_scan,
+)
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool, PoolConfig
 from trialbox.types import (
@@ -153,7 +159,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
         if shared is None:
             await harness.close()
     grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
-    return _with_flags(grade, task, completion, rc)
+    return canary_check(_with_flags(grade, task, completion, rc), task)
 
 
 def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Grade:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.anticheat import Flag, dynamic_scan, static_scan
+from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_scan
 from trialbox.sandbox import languages
 from trialbox.sandbox.languages import Language, compile_limits_for
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -153,7 +153,7 @@ async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
         await checker.close()
     grade = _grade(task, _outcome(results, runs, message), results,
                    message or _first_failure(results), runs, t0)
-    return _with_flags(grade, source, spec, runs)
+    return canary_check(_with_flags(grade, source, spec, runs), task)
 
 
 async def _run_tests(task: Task, source: str, spec: Language,

@@ -49,7 +49,7 @@ HUMANEVAL = "humaneval"
 """The spec `load_tasks` reads as the bundled HumanEval set."""
 
 _STDIO_KEYS = {"task_id", "kind", "prompt", "tests", "compare", "float_tol", "checker",
-               "canonical_solution"}
+               "canonical_solution", "canary"}
 _STDIO_TEST_KEYS = {"stdin", "expected", "hidden"}
 
 
@@ -168,7 +168,7 @@ def _function_task(row: dict[str, Any], task_id: str, where: str, source: str) -
     return Task(task_id=task_id, kind=TaskKind.FUNCTION, prompt=prompt,
                 entry_point=entry_point, hidden_tests=tests, test_setup=setup,
                 canonical_solution=_optional_text(row, "canonical_solution", where),
-                source=source)
+                source=source, canary=_canary(row, where))
 
 
 def _stdio_task(row: dict[str, Any], task_id: str, where: str, source: str) -> Task:
@@ -195,7 +195,7 @@ def _stdio_task(row: dict[str, Any], task_id: str, where: str, source: str) -> T
     return Task(task_id=task_id, kind=TaskKind.STDIO, prompt=prompt, visible_tests=visible,
                 hidden_tests=hidden, compare=compare, checker=checker,
                 canonical_solution=_optional_text(row, "canonical_solution", where),
-                float_tol=_float_tol(row, where), source=source)
+                float_tol=_float_tol(row, where), source=source, canary=_canary(row, where))
 
 
 def _stdio_tests(row: dict[str, Any],
@@ -268,6 +268,14 @@ def _float_tol(row: dict[str, Any], where: str) -> float:
         raise UsageError(f"{where}: field 'float_tol' must be a finite number >= 0, got "
                          f"{value!r}")
     return float(value)
+
+
+def _canary(row: dict[str, Any], where: str) -> bool:
+    value = row.get("canary", False)
+    if not isinstance(value, bool):
+        raise UsageError(f"{where}: field 'canary' must be true or false, got "
+                         f"{_json_type(value)}")
+    return value
 
 
 def _json_type(value: object) -> str:

@@ -1,0 +1,212 @@
+"""Rewards: hand-computed values for each branch, spec validation, real ruff findings."""
+
+import math
+import sys
+
+import pytest
+
+from trialbox.errors import InfraError, UsageError
+from trialbox.judge.reward import (
+    RUFF_FAILED,
+    RewardSpec,
+    efficiency_score,
+    reward,
+    style_findings,
+    style_score,
+)
+from trialbox.types import Grade, Outcome, TestResult
+
+WEIGHTED = RewardSpec(pass_rate=2, all_passed=1, style=0.5, efficiency=0.5, binary=False)
+
+
+def grade(outcome: Outcome, passed: int, total: int) -> Grade:
+    tests = tuple(TestResult(f"t{i}", i < passed) for i in range(total))
+    return Grade("T/0", outcome, tests)
+
+
+# --------------------------------------------------------------------------- reward
+
+def test_binary_default():
+    spec = RewardSpec()
+    assert reward(grade(Outcome.PASSED, 4, 4), spec) == 1.0
+    assert reward(grade(Outcome.FAILED, 3, 4), spec) == 0.0
+    assert reward(grade(Outcome.TIMEOUT, 0, 4), spec) == 0.0
+    assert reward(grade(Outcome.MEMORY, 0, 4), spec) == 0.0
+    # style and efficiency do not enter a binary reward
+    assert reward(grade(Outcome.FAILED, 3, 4), spec, style=1.0, efficiency=1.0) == 0.0
+
+
+def test_weighted_all_components():
+    # (2*0.75 + 1*0 + 0.5*0.8 + 0.5*0.2) / 4 = 2.0 / 4
+    assert reward(grade(Outcome.FAILED, 3, 4), WEIGHTED, style=0.8,
+                  efficiency=0.2) == pytest.approx(0.5)
+    # (2*1 + 1*1 + 0.5*1 + 0.5*1) / 4
+    assert reward(grade(Outcome.PASSED, 4, 4), WEIGHTED, style=1.0,
+                  efficiency=1.0) == pytest.approx(1.0)
+    # (2*0 + 1*0 + 0.5*0 + 0.5*0) / 4
+    assert reward(grade(Outcome.FAILED, 0, 4), WEIGHTED, style=0.0,
+                  efficiency=0.0) == 0.0
+    # no tests at all: pass rate 0; no efficiency given: (2*0 + 1*0 + 0.5*1) / 3.5
+    assert reward(Grade("T/0", Outcome.FAILED), WEIGHTED,
+                  style=1.0) == pytest.approx(0.5 / 3.5)
+
+
+def test_weighted_missing_components_are_dropped_not_zeroed():
+    g = grade(Outcome.FAILED, 3, 4)
+    # efficiency None: (1.5 + 0 + 0.4) / 3.5
+    assert reward(g, WEIGHTED, style=0.8) == pytest.approx(1.9 / 3.5)
+    # both None: (1.5 + 0) / 3
+    assert reward(g, WEIGHTED) == pytest.approx(0.5)
+    # a zero weight ignores a given value
+    spec = RewardSpec(pass_rate=1, efficiency=1, binary=False)
+    assert reward(g, spec, style=0.0, efficiency=0.5) == pytest.approx((0.75 + 0.5) / 2)
+    # pass rate alone, weighted: the fraction of tests
+    assert reward(g, RewardSpec(binary=False)) == pytest.approx(0.75)
+
+
+def test_weighted_with_nothing_to_weigh_is_a_usage_error():
+    spec = RewardSpec(pass_rate=0, style=1, binary=False)
+    assert reward(grade(Outcome.FAILED, 1, 2), spec, style=0.25) == 0.25
+    with pytest.raises(UsageError, match="style"):
+        reward(grade(Outcome.FAILED, 1, 2), spec)
+
+
+@pytest.mark.parametrize("bad", [{"style": 1.5}, {"efficiency": -0.1},
+                                 {"style": math.nan}])
+def test_component_values_out_of_range(bad):
+    with pytest.raises(UsageError, match=next(iter(bad))):
+        reward(grade(Outcome.PASSED, 1, 1), WEIGHTED, **bad)
+
+
+@pytest.mark.parametrize("spec", [RewardSpec(), WEIGHTED])
+def test_cheat_scores_zero_even_when_every_test_passed(spec):
+    g = Grade("T/0", Outcome.CHEAT, (TestResult("a", True), TestResult("b", True)),
+              flags=("frame_walk",))
+    assert g.pass_rate == 1.0
+    assert reward(g, spec, style=1.0, efficiency=1.0) == 0.0
+
+
+@pytest.mark.parametrize("outcome", [Outcome.INFRA, Outcome.ERROR])
+@pytest.mark.parametrize("spec", [RewardSpec(), WEIGHTED])
+def test_excluded_outcomes_are_none_never_zero(outcome, spec):
+    g = Grade("T/0", outcome, (TestResult("a", True),), attempts=3)
+    r = reward(g, spec, style=1.0, efficiency=1.0)
+    assert r is None and r != 0.0
+    assert reward(Grade("T/0", outcome), spec) is None
+
+
+# --------------------------------------------------------------------------- spec
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"pass_rate": -1.0}, "pass_rate"),
+    ({"all_passed": math.inf, "binary": False}, "all_passed"),
+    ({"style": math.nan, "binary": False}, "style"),
+    ({"efficiency": "1", "binary": False}, "efficiency"),
+    ({"style": 0.5}, "style"),               # binary=True with another weight
+    ({"all_passed": 1.0}, "all_passed"),
+    ({"pass_rate": 0.0}, "pass_rate"),       # every weight 0
+    ({"pass_rate": 0.0, "binary": False}, "pass_rate"),
+])
+def test_spec_validation_names_the_field(kwargs, field):
+    with pytest.raises(UsageError, match=field):
+        RewardSpec(**kwargs)
+
+
+def test_binary_error_says_what_to_change():
+    with pytest.raises(UsageError, match="binary=False"):
+        RewardSpec(efficiency=1.0)
+
+
+def test_spec_is_frozen():
+    with pytest.raises(AttributeError):
+        RewardSpec().binary = False  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- style
+
+def test_ruff_finds_unused_import_and_long_line():
+    src = "import os\n\nx = '" + "a" * 100 + "'\n"
+    findings = style_findings(src)
+    assert findings == ("F401 1: `os` imported but unused",
+                        "E501 3: Line too long (106 > 88)")
+    assert style_score(findings, len(src.splitlines())) == 0.0  # 2 findings in 3 lines
+
+
+def test_clean_code_has_no_findings():
+    src = "def add(a, b):\n    return a + b\n"
+    assert style_findings(src) == ()
+    assert style_score(style_findings(src), 2) == 1.0
+
+
+def test_syntax_errors_and_odd_bytes_are_findings_not_failures():
+    assert style_findings("def f(:\n")[0].startswith("invalid-syntax 1:")
+    # a lone surrogate (as surrogateescape decoding leaves for invalid UTF-8) would make
+    # ruff refuse the whole stream; it must still be checked
+    assert style_findings("x = '\udcff'\n") == ()
+    assert style_findings("") == ()
+
+
+def test_ruff_is_never_run_on_the_source_as_code(tmp_path):
+    marker = tmp_path / "ran"
+    style_findings(f"open({str(marker)!r}, 'w').write('x')\n")
+    assert not marker.exists()
+
+
+def test_missing_ruff_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(UsageError, match="pip install ruff"):
+        style_findings("x = 1\n")
+
+
+def fake_ruff(tmp_path, monkeypatch, script):
+    exe = tmp_path / "ruff"
+    exe.write_text("#!/bin/sh\n" + script)
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+
+
+def test_ruff_failing_on_one_source_is_the_sources_finding(tmp_path, monkeypatch):
+    # the candidate's source crashes (or hangs) ruff, trivial code does not: a finding
+    # that scores style 0.0, never an infrastructure error
+    fake_ruff(tmp_path, monkeypatch,
+              'src=$(cat); case "$src" in *BOOM*) echo panic >&2; exit 2;; '
+              '*HANG*) exec sleep 5;; esac; echo "[]"\n')
+    (finding,) = style_findings("BOOM = 1\n")
+    assert finding.startswith(f"{RUFF_FAILED} 0: ruff exited 2: panic")
+    assert style_score((finding,), 10_000) == 0.0
+    monkeypatch.setattr("trialbox.judge.reward.RUFF_TIMEOUT_S", 0.2)
+    (finding,) = style_findings("HANG = 1\n")
+    assert finding.startswith(f"{RUFF_FAILED} 0: ruff did not finish")
+
+
+def test_ruff_failing_on_everything_is_infra(tmp_path, monkeypatch):
+    fake_ruff(tmp_path, monkeypatch, "echo broken >&2; exit 2\n")
+    with pytest.raises(InfraError, match="trivial code"):
+        style_findings("x = 1\n")
+
+
+def test_style_score_values():
+    assert style_score((), 0) == 1.0
+    assert style_score(("E1 1: m",), 20) == pytest.approx(0.5)
+    assert style_score(("E1 1: m",), 100) == pytest.approx(0.9)
+    assert style_score(("E1 1: m",) * 5, 10) == 0.0          # clamped
+    assert style_score((f"{RUFF_FAILED} 0: timeout",), 10_000) == 0.0
+
+
+# --------------------------------------------------------------------------- efficiency
+
+def test_efficiency_edge_cases():
+    assert efficiency_score(10.0, None) is None
+    assert efficiency_score(5.0, 10.0) == 1.0       # faster
+    assert efficiency_score(10.0, 10.0) == 1.0      # as fast
+    assert efficiency_score(20.0, 10.0) == 0.5      # twice as slow
+    assert efficiency_score(40.0, 10.0) == 0.25
+    assert efficiency_score(0.0, 0.0) == 1.0
+    assert efficiency_score(1.0, 0.0) == 0.0        # reference too fast to measure
+    assert efficiency_score(math.inf, 10.0) == 0.0
+    for a, b in [(-1.0, 10.0), (math.nan, 10.0)]:
+        with pytest.raises(UsageError, match="candidate_ms"):
+            efficiency_score(a, b)
+    for a, b in [(1.0, -1.0), (1.0, math.inf), (1.0, math.nan)]:
+        with pytest.raises(UsageError, match="reference_ms"):
+            efficiency_score(a, b)

@@ -1,0 +1,198 @@
+"""Rewards: turning a `Grade` (and optional style / efficiency scores) into one number.
+
+Each component is a small pure function with a value in [0, 1]; `reward` combines them
+under a `RewardSpec`, chosen once when the trainer or `trialbox eval` is set up:
+
+    pass rate      grade.pass_rate                       (tests passed / tests)
+    all passed     1.0 if grade.passed else 0.0          (a bonus for a full pass)
+    style          style_score(style_findings(src), n)  (ruff E/F/W findings per line)
+    efficiency     efficiency_score(cand_ms, ref_ms)     (runtime against the reference)
+
+Exclusion is not a score: INFRA and ERROR grades get None (never 0.0), whatever the spec.
+Everything else the candidate did is scored, and a CHEAT scores 0.0 whatever the tests
+said. The style checker cannot be turned against this either: a source that makes ruff
+fail or time out gets a `RUFF_FAILED` finding (style 0.0), never an infrastructure error;
+an `InfraError` is raised only when ruff also fails on trivial code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, fields
+
+from trialbox.errors import InfraError, UsageError
+from trialbox.types import Grade, Outcome
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """How a grade becomes a reward. The default is binary: 1.0 for a pass, else 0.0."""
+
+    pass_rate: float = 1.0
+    """Weight of the fraction of tests passed (weighted specs only)."""
+    all_passed: float = 0.0
+    """Weight of a bonus component that is 1.0 only when every test passed."""
+    style: float = 0.0
+    """Weight of the style score (`style_score`; ruff findings per line)."""
+    efficiency: float = 0.0
+    """Weight of the efficiency score (`efficiency_score`; runtime against the reference)."""
+    binary: bool = True
+    """1.0 if the grade passed else 0.0 (the usual RL choice); False: weighted mean."""
+
+    def __post_init__(self) -> None:
+        weights = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "binary"]
+        for name, w in weights:
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
+                    or w < 0:
+                raise UsageError(f"RewardSpec: {name}={w!r} must be a finite number >= 0")
+        if not any(w > 0 for _, w in weights):
+            raise UsageError("RewardSpec: every weight is 0; give at least one of "
+                             "pass_rate, all_passed, style, efficiency a weight > 0")
+        if self.binary:
+            extra = [f"{name}={w!r}" for name, w in weights if name != "pass_rate" and w != 0]
+            if extra:
+                raise UsageError(f"RewardSpec: binary=True ignores {', '.join(extra)}; set "
+                                 "binary=False for a weighted reward, or set those to 0")
+
+
+# --------------------------------------------------------------------------- style
+
+RUFF_TIMEOUT_S = 10.0
+RUFF_ARGS = ("check", "--stdin-filename", "solution.py", "--output-format", "json",
+             "--select", "E,F,W", "--isolated", "-")
+RUFF_FAILED = "ruff-failed"
+"""The code of the finding reported when ruff cannot check a source (crash, timeout):
+`style_score` scores such a source 0.0."""
+
+
+def ruff_path() -> str:
+    """The `ruff` executable of this interpreter's environment (beside `sys.executable`)."""
+    return os.path.join(os.path.dirname(sys.executable), "ruff")
+
+
+def _run_ruff(source: str) -> list[dict[str, object]] | str:
+    """ruff's findings for `source`, or a string saying why there are none (ruff only
+    parses the code; it never runs it)."""
+    exe = ruff_path()
+    if not os.access(exe, os.X_OK):
+        raise UsageError(f"style findings need ruff, and {exe} is missing: install it into "
+                         f"this environment ({os.path.dirname(exe)}/pip install ruff)")
+    # ruff refuses invalid UTF-8 outright; replace such bytes so only the candidate's
+    # code, not its encoding, decides the findings.
+    data = source.encode("utf-8", errors="replace")
+    try:
+        p = subprocess.run([exe, *RUFF_ARGS], input=data, capture_output=True,
+                           timeout=RUFF_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"ruff did not finish in {RUFF_TIMEOUT_S:g} s"
+    except OSError as e:
+        return f"ruff could not start: {e}"
+    if p.returncode not in (0, 1):  # 0: clean, 1: findings, 2: ruff itself failed
+        return f"ruff exited {p.returncode}: {p.stderr.decode(errors='replace').strip()}"
+    try:
+        found = json.loads(p.stdout)
+    except ValueError:
+        return "ruff printed something other than JSON"
+    if not isinstance(found, list) or not all(isinstance(d, dict) for d in found):
+        return "ruff printed JSON of an unexpected shape"
+    return found
+
+
+def style_findings(source: str) -> tuple[str, ...]:
+    """Ruff's pycodestyle/pyflakes findings (E, F, W; default settings, line length 88)
+    for `source`, as "CODE line: message" strings in source order.
+
+    >>> style_findings("import os\\n")
+    ('F401 1: `os` imported but unused',)
+
+    A source ruff cannot check (it crashes or takes over `RUFF_TIMEOUT_S`) gets one
+    `RUFF_FAILED` finding, unless ruff also fails on trivial code: then the machinery is
+    broken and `InfraError` is raised. A missing ruff is a `UsageError` naming the fix."""
+    found = _run_ruff(source)
+    if isinstance(found, str):
+        if isinstance(_run_ruff("x = 1\n"), str):
+            raise InfraError(f"ruff fails even on trivial code: {found}")
+        return (f"{RUFF_FAILED} 0: {found}",)
+    out = []
+    for d in found:
+        loc = d.get("location")
+        row = loc.get("row") if isinstance(loc, dict) else None
+        out.append(f"{d.get('code')} {row if isinstance(row, int) else 0}: {d.get('message')}")
+    return tuple(out)
+
+
+def style_score(findings: tuple[str, ...] | list[str], lines: int) -> float:
+    """1 - findings per 10 lines, clamped to [0, 1]; 0.0 if ruff could not check the
+    source. `lines`: the source's line count (`len(source.splitlines())`).
+
+    >>> style_score(("F401 1: `os` imported but unused",), 20)  # 0.5 per 10 lines
+    0.5"""
+    if any(f.startswith(RUFF_FAILED + " ") for f in findings):
+        return 0.0
+    return min(1.0, max(0.0, 1.0 - 10.0 * len(findings) / max(lines, 1)))
+
+
+# --------------------------------------------------------------------------- efficiency
+
+def efficiency_score(candidate_ms: float, reference_ms: float | None) -> float | None:
+    """1.0 when the candidate is at least as fast as the reference, else
+    reference_ms / candidate_ms (twice as slow: 0.5); None when there is no reference.
+
+    >>> efficiency_score(40.0, 10.0)
+    0.25"""
+    if reference_ms is None:
+        return None
+    if math.isnan(candidate_ms) or candidate_ms < 0:
+        raise UsageError(f"efficiency_score: candidate_ms={candidate_ms!r} must be >= 0")
+    if not math.isfinite(reference_ms) or reference_ms < 0:
+        raise UsageError(f"efficiency_score: reference_ms={reference_ms!r} must be finite "
+                         "and >= 0")
+    if candidate_ms <= reference_ms:
+        return 1.0
+    return reference_ms / candidate_ms  # candidate_ms > reference_ms >= 0; inf → 0.0
+
+
+# --------------------------------------------------------------------------- reward
+
+def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
+           efficiency: float | None = None) -> float | None:
+    """The reward for `grade` under `spec`, in [0, 1], or None when the grade is excluded.
+
+    * INFRA or ERROR (the machinery, or the task's own tests, failed): None, never 0.0.
+    * CHEAT: 0.0, whatever the tests, the style or the efficiency said.
+    * binary spec: 1.0 if the grade passed, else 0.0.
+    * weighted spec: the weighted mean of the components present — pass rate, all passed
+      (1.0 / 0.0), `style`, `efficiency`. A component whose weight is > 0 but whose value
+      is None (not measured, or no reference runtime) is dropped from the mean, weight
+      and all, so a missing score neither helps nor hurts.
+
+    Worked example: spec = RewardSpec(pass_rate=2, all_passed=1, style=0.5,
+    efficiency=0.5, binary=False), a FAILED grade with 3 of 4 tests passed, style=0.8,
+    efficiency=0.2:
+
+        (2 * 0.75 + 1 * 0.0 + 0.5 * 0.8 + 0.5 * 0.2) / (2 + 1 + 0.5 + 0.5) = 2.0 / 4 = 0.5
+
+    and with efficiency=None: (1.5 + 0.0 + 0.4) / 3.5 = 0.542857...
+    """
+    if grade.outcome in (Outcome.INFRA, Outcome.ERROR):
+        return None
+    if grade.outcome is Outcome.CHEAT:
+        return 0.0
+    if spec.binary:
+        return 1.0 if grade.passed else 0.0
+    for name, v in (("style", style), ("efficiency", efficiency)):
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise UsageError(f"reward: {name}={v!r} must be in [0, 1] (or None)")
+    pass_rate = grade.pass_rate
+    parts = [(spec.pass_rate, pass_rate), (spec.all_passed, 1.0 if grade.passed else 0.0),
+             (spec.style, style), (spec.efficiency, efficiency)]
+    present = [(w, v) for w, v in parts if w > 0 and v is not None]
+    total = sum(w for w, _ in present)
+    if total == 0:
+        raise UsageError("reward: the spec weighs only style/efficiency and neither was "
+                         "given; pass style=/efficiency=, or give pass_rate a weight")
+    return min(1.0, sum(w * v for w, v in present) / total)
