@@ -128,3 +128,21 @@ def test_same_code_same_grade_every_time(runner):
     outcomes = {judge(runner, task.task_id, task.canonical_solution).outcome
                 for _ in range(3)}
     assert outcomes == {Outcome.PASSED}
+
+
+def test_bad_input_is_named_not_crashed(runner):
+    """A check that crashes in its own setup is the task's fault (ERROR, excluded); a
+    huge completion is the candidate's (FAILED, with the cause); neither raises."""
+    import dataclasses
+
+    from trialbox.judge.evaluate import reward_of
+    task = TASKS["HumanEval/0"]
+    broken = dataclasses.replace(task, task_id="broken/0",
+                                 test_setup="raise RuntimeError('dataset bug')")
+    g = runner.run(judge_function(broken, task.canonical_solution, runner.pool, FAST))
+    assert g.outcome is Outcome.ERROR and "dataset bug" in g.message, g
+    assert reward_of(g) is None
+    huge = "    return True\n" + "#" * (40 << 20) + "\n"
+    g = judge(runner, "HumanEval/0", huge)
+    assert g.outcome is Outcome.FAILED and "workspace" in g.message, (g.outcome, g.message)
+    assert reward_of(g) == 0.0

@@ -138,8 +138,13 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
     try:
-        await cand.write_file("solution.py", (task.prompt + completion).encode(
-            "utf-8", errors="surrogateescape"))
+        try:
+            await cand.write_file("solution.py", (task.prompt + completion).encode(
+                "utf-8", errors="surrogateescape"))
+        except UsageError as e:  # e.g. a completion larger than the workspace
+            return Grade(task.task_id, Outcome.FAILED, message=f"the solution could not be "
+                         f"written to the candidate's workspace: {e}",
+                         wall_ms=round((time.monotonic() - t0) * 1e3, 3))
         await cand.write_file("_trialbox_codec.py", _program("codec.py"))
         await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
         await harness.write_file("job.json", json.dumps(job).encode())
