@@ -30,6 +30,7 @@ from functools import cache
 from typing import Any
 
 from trialbox.errors import UsageError
+from trialbox.judge.retry import with_infra_retries
 from trialbox.judge.anticheat import (
     CHEAT_DETECTORS,
     canary_check,
@@ -116,13 +117,9 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
     if not isinstance(completion, str):
         raise UsageError(f"{task.task_id}: the completion must be a str, got "
                          f"{type(completion).__name__}")
-    grade = Grade(task.task_id, Outcome.INFRA)
-    for attempt in range(1 + config.retries):
-        grade = replace(await _attempt(task, completion, pool, config, harness),
-                        attempts=attempt + 1)
-        if grade.outcome is not Outcome.INFRA:
-            break
-    return grade
+    return await with_infra_retries(
+        lambda: _attempt(task, completion, pool, config, harness), config.retries,
+        task.task_id)
 
 
 async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,

@@ -29,6 +29,7 @@ from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_scan
+from trialbox.judge.retry import with_infra_retries
 from trialbox.sandbox import languages
 from trialbox.sandbox.languages import Language, compile_limits_for
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -127,13 +128,8 @@ async def judge_stdio(task: Task, source: str, pool: CellPool,
         raise UsageError(f"{task.task_id}: the source must be a str, got "
                          f"{type(source).__name__}")
     spec = languages.language(language)  # UnknownLanguage (a UsageError) names the choices
-    grade = Grade(task.task_id, Outcome.INFRA)
-    for attempt in range(1 + config.retries):
-        grade = replace(await _attempt(task, source, spec, pool, config),
-                        attempts=attempt + 1)
-        if grade.outcome is not Outcome.INFRA:
-            break
-    return grade
+    return await with_infra_retries(lambda: _attempt(task, source, spec, pool, config),
+                                    config.retries, task.task_id)
 
 
 async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
