@@ -81,3 +81,17 @@ def test_canary_pass_is_a_cheat_and_the_gap_is_reported(tmp_path, runner):
     assert summary["visible_pass_rate"] == 1.0
     assert summary["hidden_pass_rate"] == round(1 / 3, 6)  # canary: 1 of 2; echo: 0 of 1
     assert summary["visible_hidden_gap"] == round(1 - 1 / 3, 6)
+
+
+def test_eval_measures_each_reference_once_and_scales_limits(runner):
+    from trialbox.judge.evaluate import evaluate
+    from trialbox.judge.function import JudgeConfig
+    tasks = {t.task_id: t for t in load_humaneval()[12:14]}  # /12 and /13
+    t13 = tasks["HumanEval/13"]
+    slow = "    import time\n    time.sleep(0.3)\n" + t13.canonical_solution
+    samples = [{"task_id": "HumanEval/13", "completion": t13.canonical_solution},
+               {"task_id": "HumanEval/13", "completion": slow},
+               {"task_id": "HumanEval/12", "completion": tasks["HumanEval/12"].canonical_solution}]
+    config = JudgeConfig(time_scale=5.0, min_call_timeout_s=0.1, call_timeout_s=2.0)
+    rows, summary = runner.run(evaluate(tasks, samples, runner.pool, workers=2, config=config))
+    assert [r["outcome"] for r in rows] == ["passed", "timeout", "passed"], rows

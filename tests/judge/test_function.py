@@ -4,6 +4,8 @@ and cheats fail, the sandbox breaking is never a wrong answer."""
 from __future__ import annotations
 
 
+import dataclasses
+
 import pytest
 
 from trialbox.judge.evaluate import evaluate
@@ -146,3 +148,20 @@ def test_bad_input_is_named_not_crashed(runner):
     g = judge(runner, "HumanEval/0", huge)
     assert g.outcome is Outcome.FAILED and "workspace" in g.message, (g.outcome, g.message)
     assert reward_of(g) == 0.0
+
+
+def test_time_limits_scale_with_the_reference(runner):
+    """With time_scale, a test's per-call limit is a multiple of the reference solution's
+    time on it (floored): a correct but far slower solution times out, and passes under
+    the flat default limit."""
+    from trialbox.judge.function import reference_times
+    task = TASKS["HumanEval/13"]  # greatest_common_divisor: the reference is instant
+    slow = "    import time\n    time.sleep(0.4)\n" + task.canonical_solution
+    scaled = dataclasses.replace(FAST, time_scale=5.0, min_call_timeout_s=0.1)
+    ref = runner.run(reference_times(task, runner.pool, scaled))
+    assert set(ref) == {t.name for t in task.hidden_tests} and all(ms < 100 for ms in ref.values())
+    assert scaled.limit_for(ref["test_0"]) == max(0.1, 5.0 * ref["test_0"] / 1000)
+    g = runner.run(judge_function(task, slow, runner.pool, scaled, reference=ref))
+    assert g.outcome is Outcome.TIMEOUT, (g.outcome, g.message)
+    g = judge(runner, "HumanEval/13", slow)
+    assert g.outcome is Outcome.PASSED, (g.outcome, g.message)

@@ -21,7 +21,12 @@ from dataclasses import asdict
 from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
-from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.judge.function import (
+    JudgeConfig,
+    judge_function,
+    open_harness,
+    reference_times,
+)
 from trialbox.judge.reward import RewardSpec, reward
 from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.sandbox.languages import language
@@ -104,6 +109,20 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
     stdio_slots = asyncio.Semaphore(workers)  # stdio attempts need no harness
     done = 0
     t0 = time.monotonic()
+    references: dict[str, asyncio.Future[dict[str, float]]] = {}
+
+    async def reference_for(task: Task, harness: NamespaceSandbox) -> dict[str, float]:
+        """The reference solution's per-test times, measured once per task, when the
+        config scales time limits by them."""
+        if config is None or config.time_scale is None:
+            return {}
+        if task.task_id not in references:
+            future = references[task.task_id] = asyncio.get_running_loop().create_future()
+            try:
+                future.set_result(await reference_times(task, pool, config, harness))
+            except BaseException as e:  # waiters on this task learn it too
+                future.set_exception(e)
+        return await references[task.task_id]
 
     async def grade_one(sample: dict[str, Any] | str) -> dict[str, Any]:
         nonlocal done
@@ -116,12 +135,13 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
             row = await grade_stdio(sample)
         else:
             grades = []
+            task = tasks[sample["task_id"]]
             for _ in range(repeat):
                 harness = await harnesses.get()
                 try:
-                    grades.append(await judge_function(tasks[sample["task_id"]],
-                                                       sample["completion"], pool, config,
-                                                       harness))
+                    reference = await reference_for(task, harness)
+                    grades.append(await judge_function(task, sample["completion"], pool,
+                                                       config, harness, reference))
                 finally:
                     harnesses.put_nowait(harness)
             row = _row(sample, grades)

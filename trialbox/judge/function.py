@@ -70,11 +70,30 @@ class JudgeConfig:
     """How long loading the solution (module-level code) may take."""
     retries: int = 2
     """Extra attempts after an infrastructure failure."""
+    time_scale: float | None = None
+    """When set, each test's per-call limit is `time_scale` × the reference solution's
+    time on that test (never under `min_call_timeout_s`, never over `call_timeout_s`);
+    see `reference_times`."""
+    min_call_timeout_s: float = 0.5
+    """The floor of a scaled per-test limit (scheduling noise must not fail a test)."""
 
     def __post_init__(self) -> None:
         if self.call_timeout_s <= 0 or self.load_timeout_s <= 0 or self.retries < 0:
             raise UsageError("JudgeConfig: call_timeout_s and load_timeout_s must be > 0 "
                              "and retries >= 0")
+        if self.time_scale is not None and not self.time_scale > 0:
+            raise UsageError(f"JudgeConfig.time_scale must be > 0 or None, got "
+                             f"{self.time_scale!r}")
+        if not 0 < self.min_call_timeout_s <= self.call_timeout_s:
+            raise UsageError("JudgeConfig.min_call_timeout_s must be > 0 and at most "
+                             "call_timeout_s")
+
+    def limit_for(self, reference_ms: float | None) -> float | None:
+        """The per-call limit for a test whose reference took `reference_ms`."""
+        if self.time_scale is None or reference_ms is None:
+            return None
+        scaled = self.time_scale * reference_ms / 1000
+        return min(self.call_timeout_s, max(self.min_call_timeout_s, scaled))
 
 
 def judge_pool_config(**changes: Any) -> PoolConfig:
@@ -103,13 +122,25 @@ async def open_harness(pool: CellPool, config: JudgeConfig | None = None) -> Nam
     return harness
 
 
+async def reference_times(task: Task, pool: CellPool, config: JudgeConfig | None = None,
+                          harness: NamespaceSandbox | None = None) -> dict[str, float]:
+    """Per-test times (ms, as the harness measured them) of the task's reference
+    solution, for `JudgeConfig.time_scale`; empty when it has none or it does not pass."""
+    if not task.canonical_solution:
+        return {}
+    g = await judge_function(task, task.canonical_solution, pool, config, harness)
+    return {t.name: t.ms for t in g.tests} if g.passed else {}
+
+
 async def judge_function(task: Task, completion: str, pool: CellPool,
                          config: JudgeConfig | None = None,
-                         harness: NamespaceSandbox | None = None) -> Grade:
+                         harness: NamespaceSandbox | None = None,
+                         reference: dict[str, float] | None = None) -> Grade:
     """Grade `completion` (appended to `task.prompt`) against the task's tests.
 
     `harness`: a session from `open_harness` to reuse (saves a sandbox per attempt);
-    without one, a harness session is opened and closed here."""
+    without one, a harness session is opened and closed here. `reference`: per-test
+    times from `reference_times`, used when `config.time_scale` is set."""
     config = config or JudgeConfig()
     if task.kind is not TaskKind.FUNCTION or not task.entry_point:
         raise UsageError(f"{task.task_id}: judge_function needs a FUNCTION task with an "
@@ -118,19 +149,21 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
         raise UsageError(f"{task.task_id}: the completion must be a str, got "
                          f"{type(completion).__name__}")
     return await with_infra_retries(
-        lambda: _attempt(task, completion, pool, config, harness), config.retries,
-        task.task_id)
+        lambda: _attempt(task, completion, pool, config, harness, reference or {}),
+        config.retries, task.task_id)
 
 
 async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
-                   shared: NamespaceSandbox | None) -> Grade:
+                   shared: NamespaceSandbox | None, reference: dict[str, float]) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     job = {"setup": _prompt_setup(task.prompt, task.entry_point) + "\n" + task.test_setup,
            "entry_point": task.entry_point, "call_timeout": config.call_timeout_s,
            "load_timeout": config.load_timeout_s,
-           "tests": [{"name": t.name, "code": t.code} for t, _ in tests]}
+           "tests": [{"name": t.name, "code": t.code,
+                      "timeout": config.limit_for(reference.get(t.name))}
+                     for t, _ in tests]}
     cand = await NamespaceSandbox.open(pool, config.candidate_limits)
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()

@@ -126,6 +126,9 @@ def main():
     namespace["candidate"] = proxy
     namespace[job["entry_point"]] = proxy  # tests may call the function by its own name
     for test in job["tests"]:
+        # a per-test limit (scaled from the reference solution's time) when the judge
+        # sent one, else the task-wide one
+        chan.call_timeout = test.get("timeout") or job["call_timeout"]
         t0 = time.monotonic()
         if out["load"] or out["setup_error"]:
             passed, message = False, out["load"] or "test setup failed"
