@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--repeat", type=int, default=1,
                    help="grade each sample N times and report determinism")
     e.add_argument("--workers", type=int, default=4, help="attempts in flight (default 4)")
+    e.add_argument("--reward", choices=["binary", "weighted"], default="binary",
+                   help="binary: 1 for a pass, else 0 (default); weighted: 0.8 pass rate + "
+                   "0.1 style (ruff) + 0.1 efficiency (vs the reference's test times)")
     e.add_argument("--time-scale", type=float, default=None, metavar="K",
                    help="function tasks: each test's call limit is K x the reference "
                    "solution's time on it (measured once per task; floor 0.5 s)")
@@ -163,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _eval(args: argparse.Namespace) -> int:
     from trialbox.judge.evaluate import evaluate, progress_bar, read_samples
     from trialbox.judge.function import JudgeConfig, judge_pool_config
+    from trialbox.judge.reward import RewardSpec
     from trialbox.sandbox import CellPool
     from trialbox.store.tasks import index, load_tasks
     tasks = index(load_tasks(args.tasks))
@@ -174,9 +178,11 @@ async def _eval(args: argparse.Namespace) -> int:
     pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32))).start()
     try:
         config = JudgeConfig(time_scale=args.time_scale) if args.time_scale else None
+        spec = (RewardSpec(pass_rate=0.8, style=0.1, efficiency=0.1, binary=False)
+                if args.reward == "weighted" else None)
         rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
                                        workers=args.workers, config=config,
-                                       progress=progress_bar)
+                                       reward_spec=spec, progress=progress_bar)
     finally:
         await pool.close()
     with out:

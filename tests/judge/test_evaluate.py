@@ -95,3 +95,28 @@ def test_eval_measures_each_reference_once_and_scales_limits(runner):
     config = JudgeConfig(time_scale=5.0, min_call_timeout_s=0.1, call_timeout_s=2.0)
     rows, summary = runner.run(evaluate(tasks, samples, runner.pool, workers=2, config=config))
     assert [r["outcome"] for r in rows] == ["passed", "timeout", "passed"], rows
+
+
+def test_weighted_reward_scores_style_and_efficiency(runner):
+    """A weighted spec: ruff findings on the completion's own lines lower style, a
+    slower-than-reference pass lowers efficiency, and the reward is their weighted mean
+    with the pass rate."""
+    from trialbox.judge.evaluate import evaluate
+    from trialbox.judge.reward import RewardSpec
+    t13 = next(t for t in load_humaneval() if t.task_id == "HumanEval/13")
+    ugly_slow = ("    import os,sys\n    import time; time.sleep(0.05)\n"
+                 + t13.canonical_solution)
+    samples = [{"task_id": t13.task_id, "completion": t13.canonical_solution},
+               {"task_id": t13.task_id, "completion": ugly_slow}]
+    spec = RewardSpec(pass_rate=0.8, style=0.1, efficiency=0.1, binary=False)
+    rows, _ = runner.run(evaluate({t13.task_id: t13}, samples, runner.pool, workers=1,
+                                  reward_spec=spec))
+    clean, ugly = rows
+    assert clean["outcome"] == ugly["outcome"] == "passed"
+    assert clean["style_findings"] == [] and clean["style"] == 1.0
+    assert clean["efficiency"] is not None and clean["efficiency"] > 0.3
+    assert {f.split()[0] for f in ugly["style_findings"]} >= {"E401", "F401", "E702"}
+    assert ugly["style"] == 0.0 and ugly["efficiency"] < 0.2
+    expected = (0.8 * 1.0 + 0.1 * ugly["style"] + 0.1 * ugly["efficiency"]) / 1.0
+    assert abs(ugly["reward"] - expected) < 1e-9
+    assert ugly["reward"] < clean["reward"]

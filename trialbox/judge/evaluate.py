@@ -27,7 +27,13 @@ from trialbox.judge.function import (
     open_harness,
     reference_times,
 )
-from trialbox.judge.reward import RewardSpec, reward
+from trialbox.judge.reward import (
+    RewardSpec,
+    efficiency_score,
+    reward,
+    style_findings,
+    style_score,
+)
 from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.sandbox.languages import language
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -39,6 +45,14 @@ def reward_of(grade: Grade) -> float | None:
     """The default reward: 1.0 for a pass, 0.0 for anything the candidate did, None
     (excluded from training) when the machinery or the task's own tests failed."""
     return reward(grade, RewardSpec())
+
+
+def _finding_line(finding: str) -> int:
+    """The line of a "CODE LINE: message" finding; findings without one are kept (inf)."""
+    try:
+        return int(finding.split(" ", 2)[1].rstrip(":"))
+    except (IndexError, ValueError):
+        return 1 << 30
 
 
 def read_samples(path: str) -> list[dict[str, Any] | str]:
@@ -69,13 +83,27 @@ def read_samples(path: str) -> list[dict[str, Any] | str]:
     return rows
 
 
-def _row(sample: dict[str, Any] | str, grades: list[Grade]) -> dict[str, Any]:
+def _row(sample: dict[str, Any] | str, grades: list[Grade],
+         spec: RewardSpec | None = None, style: tuple[str, ...] | None = None,
+         reference: dict[str, float] | None = None) -> dict[str, Any]:
     if isinstance(sample, str):
         return {"task_id": None, "passed": False, "reward": None, "outcome": "error",
                 "message": sample, "flags": [], "tests": [], "wall_ms": 0.0}
     g = grades[0]
-    rewards = [reward_of(x) for x in grades]
-    return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0],
+    extra: dict[str, Any] = {}
+    if spec is None or spec.binary:
+        rewards = [reward_of(x) for x in grades]
+    else:  # weighted: style from ruff, efficiency against the reference's test times
+        lines = max(1, sample["completion"].count("\n") + 1)
+        s_score = style_score(style, lines) if style is not None else None
+        ref_ms = sum(reference.values()) if reference else None
+        effs = [efficiency_score(sum(t.ms for t in x.tests), ref_ms) if x.passed else None
+                for x in grades]
+        rewards = [reward(x, spec, style=s_score, efficiency=e)
+                   for x, e in zip(grades, effs, strict=True)]
+        extra = {"style_findings": list(style or ()), "style": s_score,
+                 "efficiency": effs[0]}
+    return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0], **extra,
             "outcome": g.outcome.value, "message": g.message, "flags": list(g.flags),
             "tests": [asdict(t) for t in g.tests], "wall_ms": g.wall_ms,
             "candidate_cpu_ms": g.candidate_cpu_ms,
@@ -91,9 +119,15 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
                    pool: CellPool, *, repeat: int = 1, workers: int = 4,
                    config: JudgeConfig | None = None,
                    stdio_config: StdioJudgeConfig | None = None,
+                   reward_spec: RewardSpec | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Grade every sample `repeat` times with `workers` attempts in flight."""
+    """Grade every sample `repeat` times with `workers` attempts in flight.
+
+    `reward_spec`: binary by default; a weighted spec also runs ruff on each completion
+    (style) and, for function tasks, compares its test times with the reference's
+    (efficiency), and the rows carry those scores."""
+    weighted = reward_spec is not None and not reward_spec.binary
     if repeat < 1 or workers < 1:
         raise UsageError("--repeat and --workers must be at least 1")
     for t in tasks.values():
@@ -111,10 +145,21 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
     t0 = time.monotonic()
     references: dict[str, asyncio.Future[dict[str, float]]] = {}
 
+    async def style_of(completion: str, prompt: str) -> tuple[str, ...] | None:
+        """ruff's findings on the completion's own lines (the prompt is the task's), when
+        the reward weighs style; ruff parses, never runs, the code (in a thread)."""
+        if not weighted or reward_spec is None or reward_spec.style == 0:
+            return None
+        findings = await asyncio.get_running_loop().run_in_executor(
+            None, style_findings, prompt + completion)
+        first = prompt.count("\n")
+        return tuple(f for f in findings if _finding_line(f) > first)
+
     async def reference_for(task: Task, harness: NamespaceSandbox) -> dict[str, float]:
         """The reference solution's per-test times, measured once per task, when the
         config scales time limits by them."""
-        if config is None or config.time_scale is None:
+        if not ((config is not None and config.time_scale is not None)
+                or (weighted and reward_spec is not None and reward_spec.efficiency > 0)):
             return {}
         if task.task_id not in references:
             future = references[task.task_id] = asyncio.get_running_loop().create_future()
@@ -144,7 +189,8 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
                                                        config, harness, reference))
                 finally:
                     harnesses.put_nowait(harness)
-            row = _row(sample, grades)
+            row = _row(sample, grades, reward_spec,
+                       await style_of(sample["completion"], task.prompt), reference)
         done += 1
         if progress is not None:
             progress(done, len(samples))
@@ -166,7 +212,9 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
                 grades.append(await judge_stdio(tasks[sample["task_id"]],
                                                 sample["completion"], pool, stdio_config,
                                                 lang))
-        return _row(sample, grades)
+        python = lang in ("python", "python3", "py")
+        return _row(sample, grades, reward_spec,
+                    await style_of(sample["completion"], "") if python else None)
 
     try:
         rows = await asyncio.gather(*(grade_one(s) for s in samples))
