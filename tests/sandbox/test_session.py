@@ -45,6 +45,26 @@ def test_files_persist_across_runs(runner):
     no_leaks(runner)
 
 
+def test_park_gives_the_cell_back_and_keeps_the_files(runner):
+    """While the model thinks the session holds no cell; the next run gets one and sees
+    the same workspace."""
+    async def body():
+        async with await _open(runner) as sb:
+            assert sb.parked  # no cell before the first run
+            r = await _sh(sb, "echo kept > a.txt; sleep 30 & echo started")
+            assert r.status is ExecStatus.OK, describe(r)
+            assert not sb.parked
+            before = runner.pool._in_use
+            await sb.park()
+            assert sb.parked and runner.pool._in_use == before - 1
+            await sb.park()  # idempotent
+            r = await _sh(sb, "cat a.txt; pgrep -c sleep || true")
+            assert r.stdout == b"kept\n0\n", describe(r)
+            assert not sb.parked and runner.pool._in_use == before
+    runner.run(body())
+    no_leaks(runner)
+
+
 def test_write_file_is_seen_by_runs(runner):
     async def body():
         async with await _open(runner) as sb:

@@ -47,6 +47,11 @@ class Sandbox(Protocol):
         """Kill the run in flight, if any; the session stays open."""
         ...
 
+    async def park(self) -> None:
+        """Give back the compute the session holds (process, cgroup) but keep its files;
+        the next `exec` picks compute up again. For the time a model spends thinking."""
+        ...
+
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         """Write a file into the workspace (relative path or under /workspace/)."""
         ...

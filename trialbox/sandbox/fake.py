@@ -38,6 +38,7 @@ class FakeSandbox:
         self.files: dict[str, bytes] = {}
         self.calls: list[list[str]] = []
         self.closed = False
+        self.parks = 0
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
@@ -54,6 +55,10 @@ class FakeSandbox:
 
     async def stop(self) -> None:
         """Nothing runs in the fake between calls."""
+
+    async def park(self) -> None:
+        """Counted in `parks`; the fake holds no compute."""
+        self.parks += 1
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         if not isinstance(data, (bytes, bytearray)):

@@ -118,6 +118,24 @@ class NamespaceSandbox:
             self.pool.give_uid(self.uid)
             self.uid = -1
 
+    async def park(self) -> None:
+        """Hand the session's cell back to the pool while keeping its files: called while
+        the model thinks, so an idle episode holds a tmpfs, not a process and a cgroup.
+        The next `exec` takes a warm cell and attaches the same workspace (~1 ms). A run
+        in flight is waited for, not killed. Processes never outlive a run anyway, so
+        nothing but the files is carried across a park."""
+        if self.closed:
+            return
+        async with self._lock:
+            if self.cell is not None:
+                self.pool.done_with(self.cell, recycle=True)
+                self.cell = None
+
+    @property
+    def parked(self) -> bool:
+        """True when the session holds no cell (before its first run, or after park())."""
+        return self.cell is None
+
     # ------------------------------------------------------------------ files
     def _check_open(self) -> None:
         if self.closed:
