@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from trialbox.errors import LimitsError
+from trialbox.errors import LimitsError, UsageError
 
 MiB = 1024 * 1024
 
@@ -328,3 +328,130 @@ class Grade:
         if not self.tests:
             return 0.0
         return sum(t.passed for t in self.tests) / len(self.tests)
+
+
+# --------------------------------------------------------------------------- rollouts
+
+@dataclass(frozen=True)
+class Turn:
+    """One model turn of an episode: what it generated, what ran, what it was told.
+
+    The context the model saw is not repeated here: it is the trajectory's prompt plus
+    the earlier turns' output and feedback tokens."""
+
+    output_text: str
+    """The generated text (the decoding of `output_ids`)."""
+    output_ids: tuple[int, ...]
+    """Exactly the token ids the policy generated (never re-tokenised), EOS included."""
+    logprobs: tuple[float, ...]
+    """Log-probability of each output token under the distribution it was sampled from."""
+    code: str | None = None
+    """The code extracted from the output; None when there was none."""
+    code_from: str = ""
+    """Where `code` came from: "fenced" (a ```python block), "raw" (the whole output), or
+    "" (no code)."""
+    exec_status: ExecStatus | None = None
+    """How running the code in the episode's sandbox ended (None: nothing was run)."""
+    exec_summary: str = ""
+    """A compact account of that run (status, exit code, stderr tail)."""
+    outcome: Outcome | None = None
+    """The judge's outcome for this turn's code (hidden and visible tests)."""
+    feedback_text: str = ""
+    """What the environment told the model after this turn ("" after the last turn)."""
+    feedback_ids: tuple[int, ...] = ()
+    """`feedback_text` tokenised: appended to the context, masked out of the loss."""
+    finish_reason: str = ""
+    """Why generation stopped: "stop" (a stop string), "eos" or "length"."""
+    gen_s: float = 0.0
+    """Wall time of the generate call that produced this turn (shared by its batch)."""
+    env_s: float = 0.0
+    """Wall time spent executing and judging this turn's code."""
+
+    def __post_init__(self) -> None:
+        if len(self.output_ids) != len(self.logprobs):
+            raise UsageError(f"Turn: {len(self.output_ids)} output_ids but "
+                             f"{len(self.logprobs)} logprobs; give one log-prob per token")
+        if self.code_from not in ("fenced", "raw", ""):
+            raise UsageError(f"Turn.code_from must be 'fenced', 'raw' or '', got "
+                             f"{self.code_from!r}")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode, token in / token out, ready for a policy-gradient step.
+
+    `token_ids` = prompt_ids + for each turn (output_ids + feedback_ids), in order;
+    `loss_mask` is 1 exactly on the output tokens; `old_logprobs` holds each output
+    token's log-prob and 0.0 elsewhere. All three have the same length.
+
+    >>> t = Turn("hi", (104, 105), (-0.5, -0.25), feedback_text="!", feedback_ids=(33,))
+    >>> tr = Trajectory("t1", "t1#0", (1, 2), (t,), (1, 2, 104, 105, 33), (0, 0, 1, 1, 0),
+    ...                 (0.0, 0.0, -0.5, -0.25, 0.0), reward=1.0)
+    >>> tr.n_model_tokens
+    2
+    """
+
+    task_id: str
+    episode_id: str
+    prompt_ids: tuple[int, ...]
+    turns: tuple[Turn, ...]
+    token_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    old_logprobs: tuple[float, ...]
+    reward: float | None
+    """From the judge on the last turn's code; None = infrastructure failure (excluded
+    from training, never scored 0.0)."""
+    grade: Grade | None = None
+    passed: bool = False
+    group_id: str = ""
+    """Samples of one group (same task, same rollout call) share it: GRPO normalises
+    advantages within a group."""
+    stop_reason: str = ""
+    """Why the episode ended: "passed", "max_turns", "context" (no room left to
+    generate), "infra" (the machinery failed) or "no_code"."""
+    gen_s: float = 0.0
+    """Sum of the turns' generation time."""
+    env_s: float = 0.0
+    """Sum of the turns' environment time (execution and judging)."""
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.old_logprobs) != n:
+            raise UsageError(f"Trajectory {self.episode_id}: token_ids ({n}), loss_mask "
+                             f"({len(self.loss_mask)}) and old_logprobs "
+                             f"({len(self.old_logprobs)}) must have the same length")
+        expected: list[int] = list(self.prompt_ids)
+        mask: list[int] = [0] * len(self.prompt_ids)
+        for turn in self.turns:
+            expected += turn.output_ids
+            expected += turn.feedback_ids
+            mask += [1] * len(turn.output_ids) + [0] * len(turn.feedback_ids)
+        if tuple(expected) != self.token_ids:
+            raise UsageError(f"Trajectory {self.episode_id}: token_ids must be prompt_ids "
+                             "followed by each turn's output_ids and feedback_ids, in order")
+        if tuple(mask) != self.loss_mask:
+            raise UsageError(f"Trajectory {self.episode_id}: loss_mask must be 1 exactly "
+                             "on the turns' output tokens and 0 elsewhere")
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise UsageError(f"Trajectory {self.episode_id}: reward must be finite or "
+                             f"None, got {self.reward!r}")
+
+    @property
+    def n_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready record (enums as their values)."""
+
+        def plain(x: Any) -> Any:
+            if isinstance(x, enum.Enum):
+                return x.value
+            if isinstance(x, dict):
+                return {k: plain(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [plain(v) for v in x]
+            return x
+
+        out: dict[str, Any] = plain(asdict(self))
+        out["n_model_tokens"] = self.n_model_tokens
+        return out
