@@ -455,3 +455,42 @@ class Trajectory:
         out: dict[str, Any] = plain(asdict(self))
         out["n_model_tokens"] = self.n_model_tokens
         return out
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+class TaskState(enum.Enum):
+    """Where a task is in the scheduler. The legal moves between these states are one
+    table, `trialbox.schedule.lifecycle.TRANSITIONS`; the last four are final."""
+
+    PENDING = "pending"
+    """Submitted and journaled; not yet in a queue."""
+    QUEUED = "queued"
+    """Waiting in a priority queue for a slot (holds nothing)."""
+    GENERATING = "generating"
+    """Holds a slot; the policy is writing. No sandbox compute is held."""
+    EXECUTING = "executing"
+    """Holds a slot and a sandbox lease: code runs."""
+    GRADING = "grading"
+    """The trusted judge is turning what happened into a reward."""
+    RETRYING = "retrying"
+    """The infrastructure failed; waiting out a backoff before going back to QUEUED."""
+    PREEMPTED = "preempted"
+    """Evicted for higher-priority work; goes back to QUEUED with its turns kept."""
+    DONE = "done"
+    """Final: graded, the reward is recorded."""
+    FAILED = "failed"
+    """Final: the infrastructure kept failing (retries spent) or the job itself broke;
+    reward None (excluded), never 0.0."""
+    TIMED_OUT = "timed_out"
+    """Final: a turn or the whole task ran past its time limit; reward None."""
+    CANCELLED = "cancelled"
+    """Final: cancelled by the caller; reward None."""
+
+    @property
+    def final(self) -> bool:
+        return self in _FINAL_STATES
+
+
+_FINAL_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.TIMED_OUT,
+                           TaskState.CANCELLED})
