@@ -1,0 +1,119 @@
+"""The FastAPI application: `create_app(config)` builds one server process's app.
+
+    app = create_app(ServiceConfig())
+    uvicorn.run(app, host="127.0.0.1", port=8080)   # or: trialbox serve
+
+Shared state lives on `app.state` (see `ServiceState` in state.py for every field):
+
+    app.state.service   the ServiceState: config, pool, admission (queue depth),
+                        sessions, submissions, counters, started, ready
+    app.state.config    the ServiceConfig (same object as app.state.service.config)
+    app.state.counters  the Counters (same object as app.state.service.counters)
+    app.state.pool      the CellPool, set when the lifespan has started it (None before)
+
+Layers, outermost first: `Guard` (auth, body size, per-client rate limit, the request's
+deadline, response counting; guard.py) → the routes: `/healthz`, `/readyz`, native
+`/v1` (v1.py), SandboxFusion-compatible `/run_code` (fusion.py). Errors become JSON
+bodies `{"error": kind, "message": …, "field": …}` (errors.py): a caller's mistake is
+4xx, broken machinery 503 with Retry-After, an expired deadline 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from trialbox.judge.function import judge_pool_config
+from trialbox.sandbox.pool import CellPool
+from trialbox.service import errors, fusion, v1
+from trialbox.service.config import ServiceConfig
+from trialbox.service.guard import Guard
+from trialbox.service.state import ServiceState
+
+log = logging.getLogger("trialbox.service")
+
+REAP_EVERY_S = 5.0
+"""How often idle sessions are looked for and closed."""
+
+
+def create_app(config: ServiceConfig | None = None) -> FastAPI:
+    """The app for one server process. Its lifespan starts the process's one CellPool
+    (with the judge's helper modules preloaded, so runs and grading share it) and closes
+    it, and every open session, on shutdown."""
+    config = config or ServiceConfig()
+    state = ServiceState.create(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = await CellPool(judge_pool_config(warm=config.warm,
+                                                max_warm=max(config.warm,
+                                                             2 * config.max_running))).start()
+        state.pool = app.state.pool = pool
+        state.ready = True
+        reaper = asyncio.create_task(_reap_idle_sessions(state))
+        try:
+            yield
+        finally:
+            state.ready = False
+            reaper.cancel()
+            for session in state.sessions.drain():
+                await session.sandbox.close()
+                state.counters.sessions_closed += 1
+            await pool.close()
+            state.pool = app.state.pool = None
+
+    app = FastAPI(title="trialbox", version="0.1.0", lifespan=lifespan,
+                  description="Sandboxed execution and trusted grading of model-written "
+                  "code. Native API under /v1; SandboxFusion-compatible POST /run_code.")
+    app.state.service = state
+    app.state.config = config
+    app.state.counters = state.counters
+    app.state.pool = None
+
+    errors.install(app)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, object]:
+        """Liveness: the process answers. Never needs the token."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        """Readiness: the sandbox pool is running (503 while starting or stopping).
+        Never needs the token."""
+        pool = state.pool
+        if not state.ready or pool is None or pool.closed:
+            return JSONResponse({"status": "not ready", "reason": "sandbox pool not running"},
+                                status_code=503, headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ready", "warm_cells": pool.ready_count,
+                             "running": state.admission.running,
+                             "queued": state.admission.waiting,
+                             "sessions": len(state.sessions)})
+
+    app.include_router(v1.router)
+    app.include_router(fusion.router)
+    app.add_middleware(Guard, state=state)
+
+    # -- telemetry and dashboard mount here (telemetry owner) --
+    # e.g. app.include_router(dashboard.router); app.add_middleware(TelemetryMiddleware)
+    # Read shared state from app.state (see the module docstring). Middleware added here
+    # runs *outside* Guard (Starlette: added last = outermost), so it sees refused
+    # requests too. Paths that must work without the bearer token (a public dashboard):
+    # add them to `state.open_paths` (prefixes).
+
+    return app
+
+
+async def _reap_idle_sessions(state: ServiceState) -> None:
+    while True:
+        await asyncio.sleep(REAP_EVERY_S)
+        for session in state.sessions.idle():
+            log.info("closing session %s: idle for more than %g s", session.id,
+                     state.config.session_idle_s)
+            await session.sandbox.close()
+            state.counters.sessions_closed += 1

@@ -1,0 +1,179 @@
+"""What one server process shares between requests: `ServiceState`, on `app.state.service`.
+
+Everything here lives on the event loop of the server; nothing is thread-safe or needs
+to be. Readers (the dashboard, /metrics) only read attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.pool import CellPool
+from trialbox.service.admission import Admission
+from trialbox.service.config import ServiceConfig
+from trialbox.types import Limits
+
+
+@dataclass
+class Counters:
+    """Monotonic counts since the process started (read them; only the service writes)."""
+
+    requests: int = 0
+    """HTTP requests received (every path)."""
+    responses: Counter[int] = field(default_factory=Counter)
+    """HTTP responses by status code."""
+    runs: Counter[str] = field(default_factory=Counter)
+    """Sandbox runs by `ExecStatus` value (`ok`, `timeout`, `memory`, `infra`…)."""
+    grades: Counter[str] = field(default_factory=Counter)
+    """Graded submissions by `Outcome` value (`passed`, `failed`, `infra`…)."""
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Requests refused before any work, by reason: `auth`, `size`, `rate`, `overload`,
+    `sessions`."""
+    deadline_expired: int = 0
+    """Requests answered 504 because their deadline passed (their runs were stopped)."""
+    sessions_opened: int = 0
+    sessions_closed: int = 0
+
+
+@dataclass
+class Session:
+    """One `/v1/sessions` session: a sandbox whose files persist across runs."""
+
+    id: str
+    sandbox: Sandbox
+    limits: Limits
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Runs, uploads and downloads of one session are sequential."""
+    runs: int = 0
+
+
+class Sessions:
+    """The open sessions of this server, closed when idle too long or at shutdown."""
+
+    def __init__(self, limit: int, idle_s: float):
+        self.limit, self.idle_s = limit, idle_s
+        self._by_id: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def add(self, sandbox: Sandbox, limits: Limits) -> Session:
+        session = Session(id="s-" + secrets.token_hex(8), sandbox=sandbox, limits=limits)
+        self._by_id[session.id] = session
+        return session
+
+    def full(self) -> bool:
+        return len(self._by_id) >= self.limit
+
+    def get(self, sid: str) -> Session:
+        session = self._by_id.get(sid)
+        if session is None:
+            raise UsageError(f"no open session {sid!r} (closed, expired after "
+                             f"{self.idle_s:g} s idle, or never opened); open one with "
+                             "POST /v1/sessions")
+        session.last_used = time.monotonic()
+        return session
+
+    def pop(self, sid: str) -> Session | None:
+        return self._by_id.pop(sid, None)
+
+    def idle(self) -> list[Session]:
+        """Sessions unused for longer than `idle_s` (and not busy), removed from the set."""
+        cutoff = time.monotonic() - self.idle_s
+        old = [s for s in self._by_id.values() if s.last_used < cutoff and not s.lock.locked()]
+        for s in old:
+            del self._by_id[s.id]
+        return old
+
+    def drain(self) -> list[Session]:
+        out = list(self._by_id.values())
+        self._by_id.clear()
+        return out
+
+
+class Submissions:
+    """Graded submissions this server handled, by id, newest kept (a bounded log).
+
+    This is the seam to the scheduler: today the service grades directly through the
+    judge and remembers the outcome here; when the scheduler's journal serves task status,
+    `/v1/submissions/{id}` reads from it instead and this class goes away."""
+
+    def __init__(self, keep: int):
+        self.keep = keep
+        self._seq = itertools.count(1)
+        self._rows: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def new_id(self) -> str:
+        return f"sub-{next(self._seq)}-{secrets.token_hex(4)}"
+
+    def put(self, sid: str, row: dict[str, Any]) -> None:
+        self._rows[sid] = row
+        self._rows.move_to_end(sid)
+        while len(self._rows) > self.keep:
+            self._rows.popitem(last=False)
+
+    def get(self, sid: str) -> dict[str, Any]:
+        row = self._rows.get(sid)
+        if row is None:
+            raise UsageError(f"no submission {sid!r} (unknown, or older than the last "
+                             f"{self.keep} this server keeps)")
+        return row
+
+    def recent(self, n: int = 50) -> list[dict[str, Any]]:
+        return list(reversed(list(self._rows.values())[-n:]))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+@dataclass
+class ServiceState:
+    """Shared objects of one server process (`app.state.service`).
+
+    config       the `ServiceConfig` it was started with
+    pool         the process's one `CellPool` (None before startup / after shutdown)
+    admission    the bounded admission queue in front of the sandboxes (`running`,
+                 `waiting` give the live queue depth)
+    sessions     open `/v1/sessions` sessions (`len()` is how many)
+    submissions  graded submissions this server handled (`recent()` for a list)
+    counters     monotonic counts: requests, responses by code, runs by status, grades
+                 by outcome, refusals by reason, deadline expiries
+    started      wall-clock start time (time.time())
+    """
+
+    config: ServiceConfig
+    admission: Admission
+    sessions: Sessions
+    submissions: Submissions
+    counters: Counters = field(default_factory=Counters)
+    pool: CellPool | None = None
+    started: float = field(default_factory=time.time)
+    ready: bool = False
+    """True once the pool is started and until shutdown begins (`/readyz`)."""
+    open_paths: list[str] = field(default_factory=list)
+    """Path prefixes served without the bearer token (besides /healthz, /readyz)."""
+
+    @classmethod
+    def create(cls, config: ServiceConfig) -> ServiceState:
+        return cls(config=config,
+                   admission=Admission(config.max_running, config.max_queued,
+                                       config.queue_wait_s),
+                   sessions=Sessions(config.max_sessions, config.session_idle_s),
+                   submissions=Submissions(config.keep_submissions))
+
+    def require_pool(self) -> CellPool:
+        from trialbox.errors import SandboxUnavailable
+        if self.pool is None or not self.ready:
+            raise SandboxUnavailable("the sandbox pool is not running (server starting "
+                                     "or shutting down); retry shortly")
+        return self.pool

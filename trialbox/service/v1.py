@@ -1,0 +1,369 @@
+"""The native API, under `/v1`.
+
+    POST   /v1/sessions                      open a session        {limits?}
+    GET    /v1/sessions/{sid}                the session and its files
+    DELETE /v1/sessions/{sid}                close it
+    POST   /v1/sessions/{sid}/run            run source code       {code, language, …}
+    POST   /v1/sessions/{sid}/exec           run a command         {argv, stdin, …}
+    PUT    /v1/sessions/{sid}/files          upload files          {files: {path: b64}}
+    GET    /v1/sessions/{sid}/files/{path}   download one file     → {path, content_b64}
+    POST   /v1/exec                          one-shot run in a fresh sandbox
+    POST   /v1/submissions                   grade a completion    → grade and reward
+    POST   /v1/submissions/batch             grade many
+    GET    /v1/submissions/{id}              a graded submission
+    GET    /v1/submissions                   the most recent ones
+    GET    /v1/status                        queue, pool, sessions, counters
+
+Every run result is `ExecResult.to_json()` (status ok|exit|signal|timeout|memory|output|
+disk|infra, exit_code, stdout/stderr as text and base64, wall_ms, cpu_ms, …). A run the
+machinery broke is `status: infra` inside a 200 for session runs (the session may still
+be usable); grading reports it as outcome `infra` with reward null (excluded, never 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict
+from functools import cache
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from trialbox.errors import UsageError
+from trialbox.judge.evaluate import reward_of
+from trialbox.judge.function import judge_function
+from trialbox.judge.stdio import judge_stdio
+from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.languages import language as language_spec
+from trialbox.sandbox.languages import run_code
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.service.errors import FieldError, NotFound
+from trialbox.service.execute import guarded
+from trialbox.service.models import (
+    BatchIn,
+    ExecIn,
+    FilesIn,
+    OneShotIn,
+    RunIn,
+    SessionIn,
+    SubmissionIn,
+    decode_b64,
+    decode_files,
+    encode_b64,
+    resolve_limits,
+)
+from trialbox.service.state import ServiceState, Session
+from trialbox.types import ExecResult, Grade, Task, TaskKind
+
+router = APIRouter(prefix="/v1", tags=["v1"])
+
+
+def _state(request: Request) -> ServiceState:
+    state: ServiceState = request.app.state.service
+    return state
+
+
+def _session(state: ServiceState, sid: str) -> Session:
+    try:
+        return state.sessions.get(sid)
+    except UsageError as e:
+        raise NotFound(str(e)) from None
+
+
+def _stdin(text: str, b64: str | None) -> bytes:
+    return decode_b64(b64, "stdin_b64") if b64 is not None else text.encode()
+
+
+def _count(state: ServiceState, result: ExecResult) -> ExecResult:
+    state.counters.runs[result.status.value] += 1
+    return result
+
+
+# ----------------------------------------------------------------------- sessions
+
+@router.post("/sessions", status_code=201)
+async def open_session(body: SessionIn, request: Request) -> dict[str, Any]:
+    """Open a sandbox session. Its files persist across runs until it is closed (or
+    idle for the server's `session_idle_s`)."""
+    state = _state(request)
+    limits = resolve_limits(body.limits, state.config)
+    if state.sessions.full():
+        state.counters.rejected["sessions"] += 1
+        from trialbox.service.admission import Overloaded
+        raise Overloaded(f"{len(state.sessions)} sessions are open, the server's limit; "
+                         "close some (DELETE /v1/sessions/{id}) or retry later", 5)
+    sb = await NamespaceSandbox.open(state.require_pool(), limits)
+    session = state.sessions.add(sb, limits)
+    state.counters.sessions_opened += 1
+    return {"session_id": session.id, "limits": asdict(limits)}
+
+
+@router.get("/sessions/{sid}")
+async def get_session(sid: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    session = _session(state, sid)
+    async with session.lock:
+        files = await session.sandbox.list_files()
+    return {"session_id": session.id, "limits": asdict(session.limits),
+            "created": session.created, "runs": session.runs, "files": files}
+
+
+@router.delete("/sessions/{sid}")
+async def close_session(sid: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    session = state.sessions.pop(sid)
+    if session is None:
+        raise NotFound(f"no open session {sid!r}; nothing to close")
+    await session.sandbox.close()  # stops a run in flight
+    state.counters.sessions_closed += 1
+    return {"session_id": sid, "closed": True}
+
+
+async def _in_session(state: ServiceState, request: Request, session: Session,
+                      work: Any, what: str) -> ExecResult:
+    async with session.lock:
+        session.runs += 1
+        result: ExecResult = await guarded(state, request, work, session.sandbox.stop, what)
+    session.last_used = time.monotonic()
+    # Compute goes back to the pool between runs; the files stay (Sandbox.park).
+    await session.sandbox.park()
+    return _count(state, result)
+
+
+@router.post("/sessions/{sid}/run")
+async def session_run(sid: str, body: RunIn, request: Request) -> dict[str, Any]:
+    """Write `code` to the language's file in the session, compile if needed, run it."""
+    state = _state(request)
+    session = _session(state, sid)
+    language_spec(body.language)  # unknown language → 400 before anything runs
+    limits = resolve_limits(body.limits, state.config) if body.limits else None
+    stdin = _stdin(body.stdin, body.stdin_b64)
+    sb = session.sandbox
+    result = await _in_session(
+        state, request, session,
+        lambda: run_code(sb, body.code, body.language, stdin=stdin, args=body.args,
+                         limits=limits), "the run")
+    return result.to_json()
+
+
+@router.post("/sessions/{sid}/exec")
+async def session_exec(sid: str, body: ExecIn, request: Request) -> dict[str, Any]:
+    """Run a command in the session's workspace."""
+    state = _state(request)
+    session = _session(state, sid)
+    limits = resolve_limits(body.limits, state.config) if body.limits else None
+    stdin = _stdin(body.stdin, body.stdin_b64)
+    sb = session.sandbox
+    result = await _in_session(state, request, session,
+                               lambda: sb.exec(body.argv, stdin=stdin, limits=limits),
+                               "the command")
+    return result.to_json()
+
+
+@router.put("/sessions/{sid}/files")
+async def upload(sid: str, body: FilesIn, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    session = _session(state, sid)
+    files = decode_files(body.files)
+    async with session.lock:
+        for path, data in files.items():
+            await session.sandbox.write_file(path, data)
+    return {"session_id": sid, "written": sorted(files),
+            "bytes": sum(len(d) for d in files.values())}
+
+
+@router.get("/sessions/{sid}/files/{path:path}")
+async def download(sid: str, path: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    session = _session(state, sid)
+    async with session.lock:
+        try:
+            data = await session.sandbox.read_file(path)
+        except UsageError as e:
+            raise NotFound(str(e)) from None
+    return {"path": path, "size": len(data), "content_b64": encode_b64(data)}
+
+
+# ----------------------------------------------------------------------- one-shot
+
+async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
+                   files: dict[str, bytes],
+                   compile_limits: Any = None) -> tuple[ExecResult, dict[str, str | None]]:
+    """A fresh sandbox: write `files`, run, read `fetch_files` (None for a missing one),
+    close. Shared by /v1/exec and /run_code."""
+    language_spec(body.language)
+    limits = resolve_limits(body.limits, state.config)
+    stdin = _stdin(body.stdin, body.stdin_b64)
+    pool = state.require_pool()
+    holder: list[Sandbox] = []
+
+    async def work() -> tuple[ExecResult, dict[str, str | None]]:
+        sb = await NamespaceSandbox.open(pool, limits)
+        holder.append(sb)
+        try:
+            for path, data in files.items():
+                await sb.write_file(path, data)
+            result = await run_code(sb, body.code, body.language, stdin=stdin,
+                                    args=body.args, limits=limits,
+                                    compile_limits=compile_limits)
+            fetched: dict[str, str | None] = {}
+            for path in body.fetch_files:
+                try:
+                    fetched[path] = encode_b64(await sb.read_file(path))
+                except UsageError:
+                    fetched[path] = None
+            return result, fetched
+        finally:
+            await sb.close()
+
+    async def stop() -> None:
+        if holder:
+            await holder[0].stop()
+
+    result, fetched = await guarded(state, request, work, stop, "the run")
+    _count(state, result)
+    return result, fetched
+
+
+@router.post("/exec")
+async def exec_once(body: OneShotIn, request: Request) -> dict[str, Any]:
+    """Run code once in a fresh sandbox: `files` written first, `fetch_files` returned
+    (base64; null for a file the run did not leave)."""
+    state = _state(request)
+    result, fetched = await one_shot(state, request, body, decode_files(body.files))
+    return {"result": result.to_json(), "files": fetched}
+
+
+# ----------------------------------------------------------------------- grading
+
+@cache
+def _bundled() -> dict[str, Task]:
+    from trialbox.store.tasks import index, load_humaneval
+    return index(load_humaneval())
+
+
+def _task_of(sub: SubmissionIn, field: str) -> Task:
+    if (sub.task_id is None) == (sub.task is None):
+        raise FieldError(field, "give exactly one of task_id (a bundled task such as "
+                         "'HumanEval/0') or task (an inline task object)")
+    if sub.task_id is not None:
+        task = _bundled().get(sub.task_id)
+        if task is None:
+            raise FieldError(f"{field}task_id", f"unknown task {sub.task_id!r}; bundled "
+                             "tasks are HumanEval/0 … HumanEval/163, or send the task "
+                             "inline in 'task'")
+        return task
+    # The JSONL row parser of the task store gives inline tasks exactly the validation
+    # (and error messages naming the field) that task files get.
+    from trialbox.store.tasks import _parse_row
+    try:
+        return _parse_row(json.dumps(sub.task), f"{field}task", "request")
+    except UsageError as e:
+        raise FieldError(f"{field}task", str(e)) from None
+
+
+def grade_row(sid: str, task: Task, grade: Grade, language: str) -> dict[str, Any]:
+    return {"submission_id": sid, "task_id": task.task_id, "kind": task.kind.value,
+            "language": language, "outcome": grade.outcome.value, "passed": grade.passed,
+            "reward": reward_of(grade), "pass_rate": grade.pass_rate,
+            "message": grade.message, "flags": list(grade.flags),
+            "tests": [asdict(t) for t in grade.tests], "wall_ms": grade.wall_ms,
+            "candidate_cpu_ms": grade.candidate_cpu_ms,
+            "candidate_peak_memory_bytes": grade.candidate_peak_memory_bytes,
+            "attempts": grade.attempts, "graded_at": time.time()}
+
+
+async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
+                 field: str = "") -> dict[str, Any]:
+    task = _task_of(sub, field)
+    if task.kind is TaskKind.STDIO:
+        language_spec(sub.language)
+    elif task.kind is not TaskKind.FUNCTION:
+        raise FieldError(f"{field}task", f"task kind {task.kind.value!r} cannot be graded "
+                         "by the service; use function or stdio tasks")
+    pool = state.require_pool()
+
+    async def work() -> Grade:
+        if task.kind is TaskKind.FUNCTION:
+            return await judge_function(task, sub.completion, pool)
+        return await judge_stdio(task, sub.completion, pool, language=sub.language)
+
+    # No `stop`: the judge's sandboxes are its own; cancelling the judgement closes them
+    # (and closing a sandbox kills its run).
+    grade = await guarded(state, request, work, None, "grading")
+    state.counters.grades[grade.outcome.value] += 1
+    sid = state.submissions.new_id()
+    row = grade_row(sid, task, grade, sub.language)
+    state.submissions.put(sid, row)
+    return row
+
+
+@router.post("/submissions")
+async def submit(body: SubmissionIn, request: Request) -> dict[str, Any]:
+    """Grade a completion with the trusted judge: outcome, per-test evidence, reward
+    (null when excluded: infrastructure or the task's own tests failed)."""
+    return await _grade(_state(request), request, body)
+
+
+@router.post("/submissions/batch")
+async def submit_batch(body: BatchIn, request: Request) -> dict[str, Any]:
+    """Grade many completions, concurrently (each through the admission queue). Every
+    item is checked first, so a bad one fails the batch before anything runs; an item
+    refused for overload or deadline is reported in its place."""
+    state = _state(request)
+    for i, sub in enumerate(body.submissions):
+        _task_of(sub, f"submissions[{i}].")
+    results = await asyncio.gather(*(_grade(state, request, s, f"submissions[{i}].")
+                                     for i, s in enumerate(body.submissions)),
+                                   return_exceptions=True)
+    rows: list[dict[str, Any]] = []
+    for r in results:
+        if isinstance(r, BaseException):
+            if not isinstance(r, Exception):
+                raise r
+            rows.append({"error": type(r).__name__, "message": str(r), "reward": None})
+        else:
+            rows.append(r)
+    return {"results": rows}
+
+
+@router.get("/submissions/{sid}")
+async def get_submission(sid: str, request: Request) -> dict[str, Any]:
+    try:
+        return _state(request).submissions.get(sid)
+    except UsageError as e:
+        raise NotFound(str(e)) from None
+
+
+@router.get("/submissions")
+async def list_submissions(request: Request, limit: int = 50) -> dict[str, Any]:
+    if not 1 <= limit <= 1000:
+        raise FieldError("limit", f"must be between 1 and 1000, got {limit}")
+    state = _state(request)
+    return {"submissions": state.submissions.recent(limit), "total": len(state.submissions)}
+
+
+@router.get("/status")
+async def status(request: Request) -> dict[str, Any]:
+    """The server's live numbers: admission queue, pool, sessions, counters."""
+    state = _state(request)
+    c = state.counters
+    pool = state.pool
+    return {"ready": state.ready, "uptime_s": round(time.time() - state.started, 3),
+            "admission": {"running": state.admission.running,
+                          "queued": state.admission.waiting,
+                          "max_running": state.admission.limit,
+                          "max_queued": state.admission.queue_limit,
+                          "admitted": state.admission.admitted},
+            "pool": {"warm_cells": pool.ready_count if pool else 0},
+            "sessions": len(state.sessions),
+            "submissions": len(state.submissions),
+            "counters": {"requests": c.requests,
+                         "responses": {str(k): v for k, v in c.responses.items()},
+                         "runs": dict(c.runs), "grades": dict(c.grades),
+                         "rejected": dict(c.rejected),
+                         "deadline_expired": c.deadline_expired,
+                         "sessions_opened": c.sessions_opened,
+                         "sessions_closed": c.sessions_closed}}
