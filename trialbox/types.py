@@ -408,7 +408,8 @@ class Trajectory:
     advantages within a group."""
     stop_reason: str = ""
     """Why the episode ended: "passed", "max_turns", "context" (no room left to
-    generate), "infra" (the machinery failed) or "no_code"."""
+    generate), "infra" (the machinery failed: reward None) or "task_error" (the task's
+    own tests broke: reward None)."""
     gen_s: float = 0.0
     """Sum of the turns' generation time."""
     env_s: float = 0.0

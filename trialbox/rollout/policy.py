@@ -142,19 +142,19 @@ class ByteTokenizer:
 # --------------------------------------------------------------------------- scripted
 
 Script = Callable[[str, int], str]
-"""(decoded prompt, how many times this prompt's episode has asked) -> the text."""
+"""(decoded prompt, the episode's turn: 0, 1, ...) -> the text."""
 
 
 class ScriptedPolicy:
     """For tests: answers from a script instead of a model.
 
     `script` is either a list of texts (turn k of every episode gets `texts[k]`, the last
-    one repeated) or a function `(prompt_text, turn) -> text`, where `turn` counts the
-    calls whose prompt extends the same first-turn prompt. Output ids are the byte
-    tokenizer's encoding of the text (plus EOS unless a stop string or the token limit
-    ended it); every log-prob is `logprob` (default log 0.5). `on_generate`, when given,
-    is awaited at the start of each call (tests use it to look at the world while the
-    "model" thinks); `calls` records each batch's size."""
+    one repeated) or a function `(prompt_text, turn) -> text`; `turn` counts the
+    episode's earlier turns (found by which earlier prompt + output the prompt extends).
+    Output ids are the byte tokenizer's encoding of the text (plus EOS unless a stop
+    string or the token limit ended it); every log-prob is `logprob` (default log 0.5).
+    `on_generate`, when given, is awaited at the start of each call (tests use it to look
+    at the world while the "model" thinks); `calls` records each batch's size."""
 
     def __init__(self, script: Sequence[str] | Script, *, logprob: float = math.log(0.5),
                  on_generate: Callable[[list[list[int]]], Any] | None = None,
@@ -170,16 +170,20 @@ class ScriptedPolicy:
         self.delay_s = delay_s
         self.calls: list[int] = []
         self.prompts_seen: list[str] = []
-        self._turns: dict[str, int] = {}
+        """Every prompt, decoded (the EOS ids inside a multi-turn context dropped)."""
+        self.prompt_ids_seen: list[list[int]] = []
+        """Every prompt exactly as given."""
+        self._after: dict[tuple[int, ...], int] = {}
 
-    def _text(self, prompt: str) -> str:
-        # An episode's later prompts extend its first one: count turns per first prompt.
-        root = next((r for r in self._turns if prompt.startswith(r)), prompt)
-        turn = self._turns.get(root, 0)
-        self._turns[root] = turn + 1
-        if callable(self.script):
-            return self.script(prompt, turn)
-        return self.script[min(turn, len(self.script) - 1)]
+    def _turn(self, prompt: list[int]) -> int:
+        """Which turn of its episode `prompt` is: the turn after the longest earlier
+        prompt + output it extends (0 when it extends none). Samples of one group share
+        their first prompt but each has its own outputs, so each counts its own turns."""
+        best, turn = -1, 0
+        for key, t in self._after.items():
+            if len(key) > best and tuple(prompt[:len(key)]) == key:
+                best, turn = len(key), t
+        return turn
 
     async def generate(self, prompts: list[list[int]], *, max_new_tokens: int,
                        temperature: float = 1.0,
@@ -196,7 +200,10 @@ class ScriptedPolicy:
         for p in prompts:
             prompt = self.tokenizer.decode(p)
             self.prompts_seen.append(prompt)
-            text = self._text(prompt)
+            self.prompt_ids_seen.append(list(p))
+            turn = self._turn(p)
+            text = self.script(prompt, turn) if callable(self.script) \
+                else self.script[min(turn, len(self.script) - 1)]
             end = stop_at(text, stop)
             reason = "stop" if end is not None else "eos"
             ids = self.tokenizer.encode(text[:end] if end is not None else text)
@@ -204,6 +211,7 @@ class ScriptedPolicy:
                 ids.append(256)
             if len(ids) > max_new_tokens:
                 ids, reason = ids[:max_new_tokens], "length"
+            self._after[tuple(p) + tuple(ids)] = turn + 1
             out.append(Generation(self.tokenizer.decode(ids), tuple(ids),
                                   (self.logprob,) * len(ids), reason))
         return out

@@ -1,0 +1,661 @@
+"""The multi-turn agent loop: many episodes at once, one `generate` call per turn for all
+the episodes waiting on the model, sandboxes leased only while code runs.
+
+    batch = await rollout(policy, tasks, group_size=4, max_turns=3, pool=pool)
+    for tr in batch.trajectories:          # token_ids, loss_mask, old_logprobs, reward
+        ...
+    batch.stats.gen_s, batch.stats.env_s   # time in the model vs in the environment
+
+One episode, turn by turn:
+
+    context ── Policy.generate ──► output ids (kept exactly; never re-tokenised)
+       ▲        (no sandbox held)        │ extract the code (```python block, else raw)
+       │                                 ▼
+       │        ┌──────────── concurrently, under the environment slots ────────────┐
+       │        │ run it in the episode's session   │ grade it with the trusted     │
+       │        │ (leased through Leaser, parked    │ judge (hidden + visible tests,│
+       │        │ again after the run)              │ its own fresh sandboxes)      │
+       │        └───────────────────────────────────────────────────────────────────┘
+       └── feedback ids ◄── compile/run errors, failing VISIBLE tests (truncated);
+                            hidden tests are never named, shown or quoted
+
+The episode stops when the judge passes the code, after `max_turns`, when the context
+is full, or when the machinery fails (reward None: excluded, never 0.0). The reward is
+the judge's grade of the last turn's code, minus `turn_penalty` per extra turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from trialbox.errors import InfraError, UsageError
+from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.judge.reward import RewardSpec, reward
+from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
+from trialbox.rollout.policy import Generation, Policy
+from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.languages import language, run_code
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.pool import CellPool
+from trialbox.schedule.lease import DirectLeaser, Leaser
+from trialbox.types import (
+    ExecResult,
+    ExecStatus,
+    Grade,
+    Limits,
+    Outcome,
+    Task,
+    TaskKind,
+    Trajectory,
+    Turn,
+)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How episodes are run. Cross-field checks in `__post_init__` say what to change."""
+
+    max_turns: int = 3
+    """Model turns per episode at most (the episode stops earlier when the code passes)."""
+    max_new_tokens: int = 256
+    """Tokens one turn may generate."""
+    temperature: float = 1.0
+    """Sampling temperature (0: greedy)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings (besides the EOS id); empty: stop only at EOS or `max_new_tokens`."""
+    max_context_tokens: int = 4096
+    """Prompt + every turn's output and feedback; an episode that fills it stops."""
+    turn_penalty: float = 0.0
+    """Subtracted from the reward per turn after the first (0: no penalty)."""
+    reward_spec: RewardSpec = field(default_factory=RewardSpec)
+    """How the judge's grade becomes a reward (binary by default)."""
+    language: str = "python"
+    """Language of stdio tasks' programs (function tasks are Python)."""
+    exec_limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=5, cpu_s=5, memory_mb=256, disk_mb=32, pids=32))
+    """Limits of the run in the episode's own session (the judge has its own)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Function-task judging (limits, timeouts, infra retries)."""
+    stdio_judge: StdioJudgeConfig = field(default_factory=StdioJudgeConfig)
+    """Stdio-task judging."""
+    max_concurrent_env: int = 4
+    """Turns being executed and judged at once (each uses 2–3 sandboxes)."""
+    max_batch: int | None = None
+    """Prompts per `generate` call at most (None: every episode waiting)."""
+    batch_wait_s: float | None = None
+    """How long a waiting prompt may wait for others before a partial batch is sent.
+    None: wait until every live episode is waiting (the biggest batches: right for a
+    local model, whose cost barely grows with the batch); a small number suits a
+    server with continuous batching (vLLM)."""
+    feedback_chars: int = 1200
+    """Feedback text per turn at most (long tracebacks are cut in the middle)."""
+    render_prompt: Callable[[Task], str] | None = None
+    """Task → first prompt text (default: `default_prompt`). Must not show hidden tests."""
+    render_feedback: Callable[[str], str] | None = None
+    """Feedback report → the text appended to the context (default: `wrap_feedback`);
+    the report itself (`feedback_report`) never contains hidden tests."""
+
+    def __post_init__(self) -> None:
+        def positive_int(name: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"AgentConfig.{name} must be an int >= 1, got {v!r}")
+
+        for name in ("max_turns", "max_new_tokens", "max_context_tokens",
+                     "max_concurrent_env", "feedback_chars"):
+            positive_int(name)
+        if self.max_batch is not None:
+            positive_int("max_batch")
+        if self.max_new_tokens >= self.max_context_tokens:
+            raise UsageError(f"AgentConfig.max_new_tokens ({self.max_new_tokens}) must be "
+                             f"below max_context_tokens ({self.max_context_tokens}); raise "
+                             "max_context_tokens or lower max_new_tokens")
+        if not 0 <= self.temperature < 100:
+            raise UsageError(f"AgentConfig.temperature must be in [0, 100), got "
+                             f"{self.temperature!r}")
+        if not 0 <= self.turn_penalty <= 1:
+            raise UsageError(f"AgentConfig.turn_penalty must be in [0, 1], got "
+                             f"{self.turn_penalty!r}")
+        if self.batch_wait_s is not None and not self.batch_wait_s >= 0:
+            raise UsageError(f"AgentConfig.batch_wait_s must be None or >= 0, got "
+                             f"{self.batch_wait_s!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise UsageError("AgentConfig.stop must be a tuple of non-empty strings")
+        language(self.language)  # UnknownLanguage (a UsageError) lists the choices
+
+
+# --------------------------------------------------------------------------- results
+
+@dataclass
+class RolloutStats:
+    """Where a rollout's time went."""
+
+    episodes: int = 0
+    turns: int = 0
+    passed: int = 0
+    excluded: int = 0
+    """Episodes with reward None (infrastructure or the task's own tests failed)."""
+    gen_calls: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    gen_s: float = 0.0
+    """Wall time inside `Policy.generate` (calls do not overlap)."""
+    env_s: float = 0.0
+    """Sum over turns of the time executing and judging (turns overlap, so this can
+    exceed the wall time)."""
+    env_wall_s: float = 0.0
+    """Wall time during which at least one turn was executing or being judged."""
+    wall_s: float = 0.0
+    model_tokens: int = 0
+    """Tokens generated (the loss-masked ones)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"episodes": self.episodes, "turns": self.turns, "passed": self.passed,
+                "excluded": self.excluded, "gen_calls": self.gen_calls,
+                "mean_batch": (sum(self.batch_sizes) / len(self.batch_sizes)
+                               if self.batch_sizes else 0.0),
+                "gen_s": round(self.gen_s, 4), "env_s": round(self.env_s, 4),
+                "env_wall_s": round(self.env_wall_s, 4), "wall_s": round(self.wall_s, 4),
+                "model_tokens": self.model_tokens}
+
+
+@dataclass
+class RolloutBatch:
+    """The trajectories, task by task (a task's `group_size` samples side by side)."""
+
+    trajectories: list[Trajectory]
+    stats: RolloutStats
+
+
+# --------------------------------------------------------------------------- text
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n", re.DOTALL)
+
+
+def extract_code(text: str) -> tuple[str | None, str]:
+    """The code in a model's output, and where it came from.
+
+    * "fenced": the last complete ```python (or ```py, or bare ```) block; or, when a
+      block was opened but never closed (the model ran out of tokens), what follows
+      the opening fence;
+    * "raw": no fence at all — the whole output is taken as code (a completion-style
+      model continuing the prompt); a lone closing fence ends the raw code (a prompt
+      that itself opened the block);
+    * (None, ""): nothing but whitespace.
+
+    >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
+    ('def f():\\n    return 1\\n', 'fenced')
+    >>> extract_code("    return x + 1\\n")
+    ('    return x + 1\\n', 'raw')
+    """
+    blocks = _FENCE.findall(text)
+    if blocks:
+        code, source = blocks[-1], "fenced"
+    elif (m := _OPEN_FENCE.search(text)) is not None:
+        code, source = text[m.end():], "fenced"
+    elif "```" in text:
+        code, source = text[:text.index("```")], "raw"
+    else:
+        code, source = text, "raw"
+    if not code.strip():
+        return None, ""
+    return code, source
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, keeping the head and (mostly) the tail —
+    the end of a traceback says what went wrong.
+
+    >>> clip("a" * 10 + "b" * 10, 12)
+    'aaa\\n… 11 characters cut …\\nbbbbbbbbb'
+    """
+    if len(text) <= limit:
+        return text
+    head = limit // 4
+    tail = limit - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n… {cut + 2} characters cut …\n{text[len(text) - tail + 2:]}" \
+        if tail > 2 else text[:limit]
+
+
+def default_prompt(task: Task) -> str:
+    """The first prompt: the task, its VISIBLE tests, and the answer format."""
+    if task.kind is TaskKind.FUNCTION:
+        parts = ["Complete the Python function below. Answer with the whole function in "
+                 "one ```python block.\n\n" + task.prompt.rstrip() + "\n"]
+        if task.visible_tests:
+            parts.append("Tests it must pass (`candidate` is your function):\n"
+                         + "\n".join(t.code.strip() for t in task.visible_tests) + "\n")
+    else:
+        parts = ["Write a program that reads standard input and writes standard output. "
+                 "Answer with the whole program in one ```python block.\n\n"
+                 + task.prompt.rstrip() + "\n"]
+        for t in task.visible_tests:
+            parts.append(f"Example input:\n{t.stdin.decode(errors='replace')}\n"
+                         f"Expected output:\n{t.expected.decode(errors='replace')}\n")
+    return "\n".join(parts) + "\n"
+
+
+def wrap_feedback(report: str) -> str:
+    """The default framing of a feedback report in the context."""
+    return (f"\n\nFeedback:\n{report.rstrip()}\n\nFix the code and answer again with the "
+            "whole solution in one ```python block.\n\n")
+
+
+def exec_summary(r: ExecResult | None) -> str:
+    """A compact account of a run: status, exit code, the tail of stderr."""
+    if r is None:
+        return ""
+    head = r.status.value + (f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "")
+    if r.message:
+        head += f": {r.message}"
+    err = (r.compile.stderr_text if r.compile is not None and not r.compile.ok
+           else r.stderr_text).strip()
+    return head + (f"\n{clip(err, 600)}" if err else "")
+
+
+def feedback_report(task: Task, code: str | None, run: ExecResult | None,
+                    grade: Grade | None, limit: int) -> str:
+    """What the model is told about one turn. Built only from what it may see: its own
+    run (status, stderr), the VISIBLE tests (their code and failure messages) and the
+    outcome. Hidden tests are never named, quoted or counted one by one; at most the
+    model learns that the code "fails tests you cannot see".
+
+    Worked example (a function task whose visible test `assert candidate(2) == 4`
+    fails): "Visible tests failed: 1 of 1\\n- assert candidate(2) == 4: assertion failed".
+    """
+    if code is None:
+        return "No code found. Write the solution in one ```python block."
+    lines: list[str] = []
+    if run is not None and run.status is not ExecStatus.OK:
+        lines.append("Running your code: " + exec_summary(run))
+    if grade is not None:
+        visible = [t for t in grade.tests if not t.hidden]
+        failed = [t for t in visible if not t.passed]
+        code_of = {t.name: t.code.strip() for t in task.visible_tests}
+        if grade.outcome is Outcome.CHEAT:
+            lines.append("The solution was rejected: it tampers with the test machinery "
+                         f"({', '.join(grade.flags)}).")
+        elif failed and not lines:
+            lines.append(f"Visible tests failed: {len(failed)} of {len(visible)}")
+            for t in failed[:5]:
+                what = code_of.get(t.name) or t.name
+                lines.append(f"- {clip(what, 200)}: {clip(t.message or 'failed', 300)}")
+            if len(failed) > 5:
+                lines.append(f"- … and {len(failed) - 5} more")
+        elif failed:
+            lines.append(f"Visible tests failed: {len(failed)} of {len(visible)}.")
+        elif not grade.passed:
+            why = {Outcome.TIMEOUT: " (it ran out of time)",
+                   Outcome.MEMORY: " (it ran out of memory)"}.get(grade.outcome, "")
+            lines.append(("All visible tests pass, but the" if visible else "The")
+                         + f" solution is not accepted{why}: it fails tests you cannot see.")
+    return clip("\n".join(lines) or "The solution is not accepted.", limit)
+
+
+# --------------------------------------------------------------------------- batching
+
+class _Batcher:
+    """Collects the prompts of episodes waiting on the model and sends them in one
+    `generate` call: when every live episode is waiting (default), when `max_batch`
+    prompts wait, or `batch_wait_s` after the first one arrived. Calls never overlap
+    (a local model has one device; a server batches on its side anyway)."""
+
+    def __init__(self, policy: Policy, cfg: AgentConfig, live: int, stats: RolloutStats):
+        self.policy, self.cfg, self.live, self.stats = policy, cfg, live, stats
+        self.waiting: list[tuple[list[int], float, asyncio.Future[tuple[Generation,
+                                                                         float]]]] = []
+        self._wake = asyncio.Event()
+
+    async def generate(self, context: list[int]) -> tuple[Generation, float]:
+        """This episode's next generation and the wall time of the call it rode in."""
+        fut: asyncio.Future[tuple[Generation, float]] = \
+            asyncio.get_running_loop().create_future()
+        self.waiting.append((context, time.monotonic(), fut))
+        self._wake.set()
+        return await fut
+
+    def finished(self) -> None:
+        """An episode is over: it will not ask again."""
+        self.live -= 1
+        self._wake.set()
+
+    def _full(self) -> bool:
+        n = len(self.waiting)
+        return n >= self.live or (self.cfg.max_batch is not None and n >= self.cfg.max_batch)
+
+    async def run(self) -> None:
+        while self.live > 0 or self.waiting:
+            timeout: float | None = None
+            if self.waiting:
+                if self._full():
+                    await self._send()
+                    continue
+                if self.cfg.batch_wait_s is not None:
+                    timeout = self.waiting[0][1] + self.cfg.batch_wait_s - time.monotonic()
+                    if timeout <= 0:
+                        await self._send()
+                        continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    async def _send(self) -> None:
+        n = len(self.waiting) if self.cfg.max_batch is None \
+            else min(len(self.waiting), self.cfg.max_batch)
+        batch, self.waiting = self.waiting[:n], self.waiting[n:]
+        t0 = time.monotonic()
+        try:
+            gens = await self.policy.generate(
+                [ctx for ctx, _, _ in batch], max_new_tokens=self.cfg.max_new_tokens,
+                temperature=self.cfg.temperature, stop=list(self.cfg.stop) or None)
+            if len(gens) != len(batch):
+                raise InfraError(f"the policy returned {len(gens)} generations for "
+                                 f"{len(batch)} prompts")
+        except BaseException as e:
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        dt = time.monotonic() - t0
+        self.stats.gen_calls += 1
+        self.stats.batch_sizes.append(n)
+        self.stats.gen_s += dt
+        for (_, _, fut), gen in zip(batch, gens, strict=True):
+            if not fut.done():
+                fut.set_result((gen, dt))
+
+
+def _fit(gen: Generation, room: int, decode: Callable[[Sequence[int]], str]) -> Generation:
+    """The generation cut to `room` tokens (the context's free space): a prefix of the
+    exact ids and their log-probs, the text decoded from that prefix."""
+    if len(gen.token_ids) <= room:
+        return gen
+    ids = gen.token_ids[:room]
+    return Generation(decode(ids), ids, gen.logprobs[:room], "length")
+
+
+# --------------------------------------------------------------------------- episodes
+
+class _EnvBusy:
+    """Counts the wall time during which at least one turn is in the environment."""
+
+    def __init__(self, stats: RolloutStats):
+        self.stats, self.inside, self.since = stats, 0, 0.0
+
+    def enter(self) -> None:
+        if self.inside == 0:
+            self.since = time.monotonic()
+        self.inside += 1
+
+    def leave(self) -> None:
+        self.inside -= 1
+        if self.inside == 0:
+            self.stats.env_wall_s += time.monotonic() - self.since
+
+
+@dataclass
+class _Env:
+    """What every episode of one rollout shares."""
+
+    cfg: AgentConfig
+    pool: CellPool
+    leaser: Leaser
+    batcher: _Batcher
+    slots: asyncio.Semaphore
+    harnesses: list[NamespaceSandbox]
+    busy: _EnvBusy
+    policy: Policy
+
+
+async def _run_in_session(env: _Env, episode_id: str, task: Task,
+                          code: str) -> ExecResult:
+    """Run the code in the episode's own session, leased only for the run. Function
+    tasks: the prompt plus the code as solution.py (catches syntax errors and crashes at
+    import); stdio tasks: the program on the first visible test's input. A session that
+    cannot be had is an INFRA result for this episode, not an error for the rollout."""
+    try:
+        async with env.leaser.lease(episode_id, env.cfg.exec_limits) as sb:
+            if task.kind is TaskKind.FUNCTION:
+                return await _exec_file(sb, "solution.py", _solution(task, code), env.cfg)
+            stdin = task.visible_tests[0].stdin if task.visible_tests else b""
+            return await run_code(sb, code, env.cfg.language, stdin=stdin,
+                                  limits=env.cfg.exec_limits)
+    except InfraError as e:
+        return ExecResult(ExecStatus.INFRA, message=f"the episode's sandbox: {e}")
+
+
+async def _exec_file(sb: Sandbox, path: str, source: str, cfg: AgentConfig) -> ExecResult:
+    try:
+        await sb.write_file(path, source.encode("utf-8", errors="surrogateescape"))
+    except UsageError as e:  # too large for the workspace: the candidate's doing
+        return ExecResult(ExecStatus.DISK, message=str(e))
+    return await sb.exec(["python3", path], limits=cfg.exec_limits)
+
+
+def _solution(task: Task, code: str) -> str:
+    """What the judge runs for a function task: the prompt plus the completion. A whole
+    function (from a fenced block) is appended after the prompt and redefines it; a
+    raw completion continues the prompt's last line."""
+    return task.prompt + code
+
+
+def _completion(code: str, code_from: str) -> str:
+    return ("\n" + code) if code_from == "fenced" else code
+
+
+async def _judge(env: _Env, task: Task, completion: str) -> Grade:
+    if task.kind is TaskKind.STDIO:
+        return await judge_stdio(task, completion, env.pool, env.cfg.stdio_judge,
+                                 env.cfg.language)
+    try:
+        harness = env.harnesses.pop() if env.harnesses else \
+            await open_harness(env.pool, env.cfg.judge)
+    except InfraError as e:  # judge_function retries its own failures; this is before it
+        return Grade(task.task_id, Outcome.INFRA, message=f"judge harness: {e}")
+    try:
+        return await judge_function(task, completion, env.pool, env.cfg.judge, harness)
+    finally:
+        env.harnesses.append(harness)
+
+
+async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
+                       code_from: str, last: bool) -> tuple[ExecResult | None, Grade | None]:
+    """Run and grade one turn's code, concurrently, within the environment slots. A
+    turn without code is not run; it is graded (as the empty completion) only when it
+    is the last, so the reward still comes from the judge."""
+    if code is None and not last:
+        return None, None
+    async with env.slots:
+        env.busy.enter()
+        try:
+            if code is None:
+                return None, await _judge(env, task, "")
+            run, grade = await asyncio.gather(
+                _run_in_session(env, episode_id, task, code),
+                _judge(env, task, _completion(code, code_from)))
+            return run, grade
+        finally:
+            env.busy.leave()
+
+
+async def _episode(env: _Env, task: Task, prompt_ids: tuple[int, ...], episode_id: str,
+                   group_id: str) -> Trajectory:
+    cfg, tok = env.cfg, env.policy.tokenizer
+    context = list(prompt_ids)
+    turns: list[Turn] = []
+    grade: Grade | None = None
+    stop_reason = "max_turns"
+    try:
+        for k in range(cfg.max_turns):
+            room = cfg.max_context_tokens - len(context)
+            if room < 1:
+                stop_reason = "context"
+                break
+            gen, gen_s = await env.batcher.generate(context)
+            gen = _fit(gen, room, tok.decode)
+            context += gen.token_ids
+            code, code_from = extract_code(gen.text)
+            t0 = time.monotonic()
+            run, g = await _environment(env, episode_id, task, code, code_from,
+                                        last=k == cfg.max_turns - 1)
+            env_s = time.monotonic() - t0
+            grade = g or grade
+            infra = run is not None and run.status is ExecStatus.INFRA
+            if g is not None and g.passed and not infra:
+                stop_reason = "passed"
+            elif infra or (g is not None and g.outcome is Outcome.INFRA):
+                stop_reason = "infra"
+            elif g is not None and g.outcome is Outcome.ERROR:
+                stop_reason = "task_error"
+            elif k == cfg.max_turns - 1:
+                stop_reason = "max_turns"
+            else:
+                stop_reason = ""
+            fb_text = ""
+            fb_ids: tuple[int, ...] = ()
+            if not stop_reason:
+                fb_text = (cfg.render_feedback or wrap_feedback)(
+                    feedback_report(task, code, run, g, cfg.feedback_chars))
+                fb_ids = tuple(tok.encode(fb_text))
+                if len(context) + len(fb_ids) >= cfg.max_context_tokens:
+                    # No room to answer the feedback: end here, graded on this code.
+                    fb_text, fb_ids, stop_reason = "", (), "context"
+                    if g is None:
+                        _, grade = await _environment(env, episode_id, task, None, "",
+                                                      last=True)
+            turns.append(Turn(
+                output_text=gen.text, output_ids=gen.token_ids, logprobs=gen.logprobs,
+                code=code, code_from=code_from,
+                exec_status=run.status if run is not None else None,
+                exec_summary=exec_summary(run), outcome=g.outcome if g else None,
+                feedback_text=fb_text, feedback_ids=fb_ids,
+                finish_reason=gen.finish_reason, gen_s=gen_s, env_s=env_s))
+            context += fb_ids
+            if stop_reason:
+                break
+    finally:
+        env.batcher.finished()
+        await env.leaser.end(episode_id)
+    return _trajectory(task, episode_id, group_id, prompt_ids, turns, grade, stop_reason,
+                       cfg)
+
+
+def _trajectory(task: Task, episode_id: str, group_id: str, prompt_ids: tuple[int, ...],
+                turns: list[Turn], grade: Grade | None, stop_reason: str,
+                cfg: AgentConfig) -> Trajectory:
+    """Assemble token_ids / loss_mask / old_logprobs from the turns, and the reward."""
+    ids, mask, logp = list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids)
+    for t in turns:
+        ids += t.output_ids
+        mask += [1] * len(t.output_ids)
+        logp += t.logprobs
+        ids += t.feedback_ids
+        mask += [0] * len(t.feedback_ids)
+        logp += [0.0] * len(t.feedback_ids)
+    r: float | None
+    if stop_reason == "infra" or grade is None:
+        r = None  # the machinery failed (or nothing was graded): excluded, never 0.0
+    else:
+        r = reward(grade, cfg.reward_spec)
+        if r is not None and len(turns) > 1:
+            r -= cfg.turn_penalty * (len(turns) - 1)
+    return Trajectory(
+        task_id=task.task_id, episode_id=episode_id, prompt_ids=prompt_ids,
+        turns=tuple(turns), token_ids=tuple(ids), loss_mask=tuple(mask),
+        old_logprobs=tuple(logp), reward=r, grade=grade,
+        passed=grade is not None and grade.passed and stop_reason == "passed",
+        group_id=group_id, stop_reason=stop_reason,
+        gen_s=sum(t.gen_s for t in turns), env_s=sum(t.env_s for t in turns))
+
+
+# --------------------------------------------------------------------------- rollout
+
+async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
+                  max_turns: int | None = None, config: AgentConfig | None = None,
+                  pool: CellPool | None = None,
+                  leaser: Leaser | None = None) -> RolloutBatch:
+    """Run `group_size` episodes of every task concurrently; return their trajectories
+    (task by task, a group's samples side by side) and where the time went.
+
+    `pool`: the sandbox pool the judge (and the default leaser) take sandboxes from
+    (default: the process's pool). `leaser`: who lends the episodes their sessions
+    (default: a `DirectLeaser` on `pool`, closed at the end). `max_turns` overrides the
+    config's. An `InfraError` from the policy (a dead model server) ends the rollout
+    after every episode has released its sandbox; per-episode infrastructure failures
+    do not: those episodes get reward None."""
+    cfg = config or AgentConfig()
+    if max_turns is not None:
+        cfg = replace(cfg, max_turns=max_turns)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise UsageError(f"rollout: group_size must be an int >= 1, got {group_size!r}")
+    if isinstance(tasks, Task) or not all(isinstance(t, Task) for t in tasks):
+        raise UsageError("rollout: tasks must be a sequence of trialbox.types.Task")
+    for t in tasks:
+        if t.kind not in (TaskKind.FUNCTION, TaskKind.STDIO):
+            raise UsageError(f"rollout: task {t.task_id} is a {t.kind.value} task; only "
+                             "function and stdio tasks have an agent loop so far")
+        if t.kind is TaskKind.FUNCTION and not t.entry_point:
+            raise UsageError(f"rollout: function task {t.task_id} has no entry_point")
+    render = cfg.render_prompt or default_prompt
+    prompts = [tuple(policy.tokenizer.encode(render(t))) for t in tasks]
+    for t, p in zip(tasks, prompts, strict=True):
+        if not p or len(p) >= cfg.max_context_tokens:
+            raise UsageError(f"rollout: the prompt of task {t.task_id} is {len(p)} tokens; "
+                             f"it must be between 1 and max_context_tokens - 1 "
+                             f"({cfg.max_context_tokens - 1}): raise max_context_tokens or "
+                             "shorten the prompt")
+    if pool is None:
+        from trialbox.sandbox import default_pool
+        pool = await default_pool()
+    own_leaser = leaser is None
+    if leaser is None:
+        the_pool = pool
+
+        async def opener(limits: Limits | None) -> Sandbox:
+            return await NamespaceSandbox.open(the_pool, limits)
+
+        leaser = DirectLeaser(opener)
+    stats = RolloutStats(episodes=len(tasks) * group_size)
+    env = _Env(cfg, pool, leaser, _Batcher(policy, cfg, len(tasks) * group_size, stats),
+               asyncio.Semaphore(cfg.max_concurrent_env), [], _EnvBusy(stats), policy)
+    tag = uuid.uuid4().hex[:8]
+    t0 = time.monotonic()
+    batcher = asyncio.ensure_future(env.batcher.run())
+    try:
+        results = await asyncio.gather(*(
+            _episode(env, task, prompts[i], f"{task.task_id}/{tag}/{i}/{j}",
+                     f"{task.task_id}/{tag}/{i}")
+            for i, task in enumerate(tasks) for j in range(group_size)),
+            return_exceptions=True)
+    finally:
+        batcher.cancel()
+        try:
+            await batcher
+        except asyncio.CancelledError:
+            pass
+        for h in env.harnesses:
+            await h.close()
+        if own_leaser and isinstance(leaser, DirectLeaser):
+            await leaser.close()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    trajectories = [r for r in results if isinstance(r, Trajectory)]
+    stats.wall_s = time.monotonic() - t0
+    stats.turns = sum(len(t.turns) for t in trajectories)
+    stats.passed = sum(t.passed for t in trajectories)
+    stats.excluded = sum(t.reward is None for t in trajectories)
+    stats.env_s = sum(t.env_s for t in trajectories)
+    stats.model_tokens = sum(t.n_model_tokens for t in trajectories)
+    return RolloutBatch(trajectories, stats)
