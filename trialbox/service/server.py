@@ -1,0 +1,105 @@
+"""`trialbox serve`: one server process (uvicorn) around `create_app`.
+
+    trialbox serve                                   # http://127.0.0.1:8080, no token
+    TRIALBOX_TOKEN=s3cret trialbox serve --host 0.0.0.0 --port 8080
+
+The listening socket is bound here, before the app starts, so `--port 0` works (the
+chosen port is printed: `trialbox serve: listening on http://127.0.0.1:PORT`) and a
+port already in use is a clear error at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.service.config import ServiceConfig
+
+
+def add_parser(sub: Any) -> None:
+    """Hook `serve` into the CLI's subparsers."""
+    d = ServiceConfig()
+    p = sub.add_parser(
+        "serve", help="the HTTP service: native /v1 and SandboxFusion-compatible /run_code",
+        description="Serve sandboxed runs and trusted grading over HTTP (docs/service.md). "
+        "Bound to loopback by default; binding any other address requires a bearer token "
+        "(--token or TRIALBOX_TOKEN).")
+    p.add_argument("--host", default=d.host, help=f"address to bind (default {d.host})")
+    p.add_argument("--port", type=int, default=d.port,
+                   help=f"port (default {d.port}; 0: any free port, printed)")
+    p.add_argument("--token", default=None,
+                   help="bearer token required on every request (default: $TRIALBOX_TOKEN)")
+    p.add_argument("--max-running", type=int, default=d.max_running,
+                   help=f"sandboxed requests executing at once (default {d.max_running})")
+    p.add_argument("--max-queued", type=int, default=d.max_queued,
+                   help=f"requests waiting for a slot before 503 (default {d.max_queued})")
+    p.add_argument("--deadline-s", type=float, default=d.deadline_s,
+                   help=f"per-request deadline, s (default {d.deadline_s:g}; clients may "
+                   "ask for less with X-Deadline-S)")
+    p.add_argument("--rate", type=float, default=d.rate_per_s,
+                   help=f"per-client requests/s (default {d.rate_per_s:g})")
+    p.add_argument("--burst", type=int, default=d.rate_burst,
+                   help=f"per-client burst (default {d.rate_burst})")
+    p.add_argument("--max-body-mb", type=float, default=d.max_body_bytes / (1 << 20),
+                   help=f"largest request body, MiB (default {d.max_body_bytes >> 20})")
+    p.add_argument("--warm", type=int, default=d.warm,
+                   help=f"sandbox cells kept warm (default {d.warm})")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level")
+
+
+def config_from_args(args: argparse.Namespace) -> ServiceConfig:
+    token = args.token if args.token is not None else os.environ.get("TRIALBOX_TOKEN")
+    return ServiceConfig(host=args.host, port=args.port, token=token or None,
+                         max_running=args.max_running, max_queued=args.max_queued,
+                         deadline_s=args.deadline_s, rate_per_s=args.rate,
+                         rate_burst=args.burst, max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                         warm=args.warm)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}; pick another "
+                         "--port (or 0 for any free one)") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(config: ServiceConfig, log_level: str = "warning") -> None:
+    # Imported here: `trialbox --help` must not pay for FastAPI, uvicorn and the judge.
+    import uvicorn
+
+    from trialbox.service.app import create_app
+    sock = bind(config.host, config.port)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(config), log_level=log_level,
+                                           timeout_graceful_shutdown=10,
+                                           timeout_keep_alive=30))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        shown = f"[{config.host}]" if ":" in config.host else config.host
+        print(f"trialbox serve: listening on http://{shown}:{port}", flush=True)
+    await task
+
+
+def main(args: argparse.Namespace) -> int:
+    asyncio.run(serve(config_from_args(args), args.log_level))
+    return 0
+
+
+if __name__ == "__main__":
+    from trialbox.cli import main as cli_main
+    sys.exit(cli_main(["serve", *sys.argv[1:]]))
