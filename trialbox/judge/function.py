@@ -40,6 +40,7 @@ from trialbox.judge.anticheat import (
 )
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool, PoolConfig
+from trialbox.telemetry import traced_grade
 from trialbox.types import (
     ExecResult,
     ExecStatus,
@@ -132,6 +133,7 @@ async def reference_times(task: Task, pool: CellPool, config: JudgeConfig | None
     return {t.name: t.ms for t in g.tests} if g.passed else {}
 
 
+@traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
 async def judge_function(task: Task, completion: str, pool: CellPool,
                          config: JudgeConfig | None = None,
                          harness: NamespaceSandbox | None = None,

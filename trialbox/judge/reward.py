@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass, fields
 
 from trialbox.errors import InfraError, UsageError
+from trialbox.telemetry import traced_reward
 from trialbox.types import Grade, Outcome
 
 
@@ -158,6 +159,7 @@ def efficiency_score(candidate_ms: float, reference_ms: float | None) -> float |
 
 # --------------------------------------------------------------------------- reward
 
+@traced_reward  # span judge.reward, reward histogram (telemetry)
 def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
            efficiency: float | None = None) -> float | None:
     """The reward for `grade` under `spec`, in [0, 1], or None when the grade is excluded.

@@ -34,6 +34,7 @@ from trialbox.sandbox import languages
 from trialbox.sandbox.languages import Language, compile_limits_for
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
+from trialbox.telemetry import traced_grade
 from trialbox.types import (
     Compare,
     ExecResult,
@@ -113,6 +114,7 @@ class _Excluded(Exception):
         self.message = message
 
 
+@traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
 async def judge_stdio(task: Task, source: str, pool: CellPool,
                       config: StdioJudgeConfig | None = None,
                       language: str = "python") -> Grade:

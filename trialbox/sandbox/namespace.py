@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
 from trialbox.sandbox.pool import MOUNT_TARGETS, Cell, CellPool, FdReader
+from trialbox.telemetry import traced_acquire, traced_exec
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -164,6 +165,7 @@ class NamespaceSandbox:
         return mounts.list_files(self.workspace)
 
     # ------------------------------------------------------------------ runs
+    @traced_exec  # span sandbox.exec, runs by status, wall time (telemetry)
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
                    cwd: str = "/workspace",
@@ -209,6 +211,7 @@ class NamespaceSandbox:
                 _close_quietly(fd)
             return result
 
+    @traced_acquire  # span sandbox.acquire when tracing is on (telemetry)
     async def _cell(self) -> Cell:
         """The session's cell: taken from the pool at the first run, workspace attached.
 

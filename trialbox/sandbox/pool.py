@@ -33,6 +33,7 @@ from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
 from trialbox.sandbox import mounts
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.seccomp import build_filter
+from trialbox.telemetry import traced_cell_start, traced_warm
 from trialbox.types import Limits, Runtime
 
 log = logging.getLogger("trialbox.sandbox.pool")
@@ -500,6 +501,7 @@ class CellPool:
             self.release(self._ready.popleft())
         self._spawn_zygote()
 
+    @traced_cell_start  # span sandbox.start, starts, start latency (telemetry)
     async def _make_cell(self, net: bool) -> Cell:
         if self.closed:
             raise ZygoteDied("the pool is closed")
@@ -665,6 +667,7 @@ class CellPool:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    @traced_warm  # background warm-ups are traces of their own (telemetry)
     async def _warm_one(self) -> None:
         try:
             cell = await self._make_cell(False)
