@@ -257,6 +257,11 @@ class Task:
     """REPO: the starting file tree (path, content)."""
     test_command: tuple[str, ...] = ()
     """REPO: the trusted test command, run from outside the candidate's tree."""
+    test_files: tuple[tuple[str, bytes], ...] = ()
+    """REPO: trusted test files the policy may see (path in the tree, content); graded
+    from this copy, never the candidate's."""
+    hidden_test_files: tuple[tuple[str, bytes], ...] = ()
+    """REPO: trusted test files never shown to the policy nor put in its sandbox."""
     source: str = ""
     """Where the task came from (data set name or file)."""
     canary: bool = False
