@@ -246,7 +246,7 @@ def _bundled() -> dict[str, Task]:
 
 def _task_of(sub: SubmissionIn, field: str) -> Task:
     if (sub.task_id is None) == (sub.task is None):
-        raise FieldError(field, "give exactly one of task_id (a bundled task such as "
+        raise FieldError(f"{field}task_id", "give exactly one of task_id (a bundled task such as "
                          "'HumanEval/0') or task (an inline task object)")
     if sub.task_id is not None:
         task = _bundled().get(sub.task_id)
