@@ -139,6 +139,35 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
+class HFTokenizer:
+    """The `Tokenizer` protocol over a `transformers` tokenizer (no special tokens added
+    on encode; special tokens dropped on decode)."""
+
+    def __init__(self, tok: Any):
+        self.tok = tok
+        self.eos_id: int | None = tok.eos_token_id
+        pad = tok.pad_token_id
+        if pad is None:
+            pad = tok.eos_token_id if tok.eos_token_id is not None else 0
+        self.pad_id: int = int(pad)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special_tokens=True))
+
+
+def as_tokenizer(tok: Any) -> Tokenizer:
+    """`tok` itself when it already speaks the protocol, else wrapped (`transformers`)."""
+    if isinstance(tok, Tokenizer):
+        return tok
+    if hasattr(tok, "eos_token_id") and hasattr(tok, "encode"):
+        return HFTokenizer(tok)
+    raise UsageError(f"tokenizer: need an object with encode/decode/eos_id/pad_id or a "
+                     f"transformers tokenizer, got {type(tok).__name__}")
+
+
 # --------------------------------------------------------------------------- scripted
 
 Script = Callable[[str, int], str]
@@ -163,7 +192,7 @@ class ScriptedPolicy:
             raise UsageError("ScriptedPolicy: give a list of texts or a function, not a str")
         if not callable(script) and not script:
             raise UsageError("ScriptedPolicy: the script has no texts")
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer: Tokenizer = ByteTokenizer()
         self.script = script
         self.logprob = logprob
         self.on_generate = on_generate
@@ -215,3 +244,25 @@ class ScriptedPolicy:
             out.append(Generation(self.tokenizer.decode(ids), tuple(ids),
                                   (self.logprob,) * len(ids), reason))
         return out
+
+
+# --------------------------------------------------------------------------- by name
+
+POLICY_KINDS = ("hf", "openai", "scripted")
+
+
+def make_policy(kind: str, **options: Any) -> Policy:
+    """A policy by name — "hf" (`HFPolicy.from_pretrained(path, ...)`), "openai"
+    (`OpenAIPolicy(base_url, model, tokenizer, ...)`) or "scripted"
+    (`ScriptedPolicy(script, ...)`); options go to that constructor."""
+    if kind == "hf":
+        from trialbox.rollout.hf_policy import HFPolicy
+        if "path" not in options:
+            raise UsageError("make_policy('hf'): give path= (a local model directory)")
+        return HFPolicy.from_pretrained(options.pop("path"), **options)
+    if kind == "openai":
+        from trialbox.rollout.openai_policy import OpenAIPolicy
+        return OpenAIPolicy(**options)
+    if kind == "scripted":
+        return ScriptedPolicy(**options)
+    raise UsageError(f"unknown policy kind {kind!r}; use one of {', '.join(POLICY_KINDS)}")

@@ -1,0 +1,119 @@
+"""HFPolicy on a tiny randomly initialised model built from a config, saved and loaded
+back from a local directory: batched, left-padded sampling whose log-probs equal a
+recomputation by one forward pass."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import torch
+from transformers import GPT2Config, LlamaConfig
+
+from trialbox.errors import UsageError
+from trialbox.rollout.hf_policy import HFPolicy, sequence_logprobs
+from trialbox.rollout.policy import ByteTokenizer, make_policy
+
+TOK = ByteTokenizer()
+
+
+def gpt2() -> GPT2Config:
+    return GPT2Config(vocab_size=258, n_positions=256, n_embd=32, n_layer=2, n_head=2,
+                      bos_token_id=256, eos_token_id=256)
+
+
+def llama() -> LlamaConfig:
+    return LlamaConfig(vocab_size=258, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       max_position_embeddings=256, bos_token_id=256, eos_token_id=256,
+                       pad_token_id=257)
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def saved(request, tmp_path_factory):
+    torch.manual_seed(0)
+    policy = HFPolicy.from_config(gpt2() if request.param == "gpt2" else llama(), TOK, seed=0)
+    path = tmp_path_factory.mktemp(request.param)
+    policy.model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_logprobs_equal_a_forward_pass(saved, temperature):
+    policy = HFPolicy.from_pretrained(str(saved), tokenizer=TOK, seed=1)
+    # Different lengths exercise the left padding and the position ids.
+    prompts = [TOK.encode("def f(x):\n"), TOK.encode("# a longer prompt than that one\n"),
+               TOK.encode("x")]
+    gens = asyncio.run(policy.generate(prompts, max_new_tokens=24, temperature=temperature,
+                                       stop=None))
+    assert len(gens) == 3
+    for p, g in zip(prompts, gens, strict=True):
+        assert 1 <= len(g.token_ids) <= 24 and len(g.logprobs) == len(g.token_ids)
+        assert g.text == TOK.decode(g.token_ids)
+        ref = sequence_logprobs(policy.model, p, g.token_ids, temperature)
+        assert g.logprobs == pytest.approx(ref, abs=2e-4)
+        assert all(lp <= 0 and math.isfinite(lp) for lp in g.logprobs)
+    if temperature == 0.0:  # greedy is deterministic: batched == alone
+        alone = asyncio.run(policy.generate([prompts[1]], max_new_tokens=24,
+                                            temperature=0.0, stop=None))
+        assert alone[0].token_ids == gens[1].token_ids
+
+
+def test_stop_strings_and_eos_end_a_row(saved):
+    policy = HFPolicy.from_pretrained(str(saved), tokenizer=TOK, seed=3)
+    prompts = [TOK.encode("abc")] * 4
+    # Every byte is a stop string: each row must stop after its first printable byte.
+    stops = [chr(c) for c in range(32, 127)]
+    gens = asyncio.run(policy.generate(prompts, max_new_tokens=200, temperature=1.0,
+                                       stop=stops))
+    assert any(g.finish_reason == "stop" for g in gens)
+    for g in gens:
+        assert g.finish_reason in ("stop", "eos", "length")
+        if g.finish_reason == "stop":
+            assert any(s in g.text for s in stops)
+            assert not any(s in TOK.decode(g.token_ids[:-1]) for s in stops)
+        if g.finish_reason == "eos":
+            assert g.token_ids[-1] == 256
+
+
+def test_sampling_is_seeded_and_runs_off_the_event_loop(saved):
+    async def both():
+        policy = HFPolicy.from_pretrained(str(saved), tokenizer=TOK, seed=7)
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.ensure_future(tick())
+        g = await policy.generate([TOK.encode("hello")], max_new_tokens=64,
+                                  temperature=1.0, stop=None)
+        t.cancel()
+        return g, ticks
+
+    (g1, ticks), (g2, _) = asyncio.run(both()), asyncio.run(both())
+    assert g1[0].token_ids == g2[0].token_ids, "same seed, same sample"
+    assert ticks > 1, "the event loop kept running while the model generated"
+
+
+def test_bad_input(tmp_path):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(UsageError, match="no-such-model"):
+        HFPolicy.from_pretrained(str(missing), tokenizer=TOK)
+    with pytest.raises(UsageError, match="config.json"):
+        HFPolicy.from_pretrained(str(tmp_path), tokenizer=TOK)
+    with pytest.raises(UsageError, match="unknown policy kind 'gpt5'"):
+        make_policy("gpt5")
+    with pytest.raises(UsageError, match="no-such-model"):
+        make_policy("hf", path=str(missing), tokenizer=TOK)
+    with pytest.raises(UsageError, match="device"):
+        HFPolicy.from_config(gpt2(), TOK, device="tpu")
+    policy = HFPolicy.from_config(gpt2(), TOK)
+    with pytest.raises(UsageError, match="positions"):
+        asyncio.run(policy.generate([[1] * 250], max_new_tokens=10, temperature=1.0,
+                                    stop=None))
+    with pytest.raises(UsageError, match="temperature"):
+        asyncio.run(policy.generate([[1]], max_new_tokens=10, temperature=-1, stop=None))
