@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 
 from trialbox.judge.function import judge_pool_config
 from trialbox.sandbox.pool import CellPool
-from trialbox.service import errors, fusion, v1
+from trialbox.service import dashboard, errors, fusion, v1
 from trialbox.service.config import ServiceConfig
 from trialbox.service.guard import Guard
 from trialbox.service.state import ServiceState
@@ -100,7 +100,9 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     app.add_middleware(Guard, state=state)
 
     # -- telemetry and dashboard mount here (telemetry owner) --
-    # e.g. app.include_router(dashboard.router); app.add_middleware(TelemetryMiddleware)
+    # /, /runs, /traces, /review, /api/dashboard, /api/review, /metrics, /static and a
+    # span per request (X-Trace-Id); behind the same Guard (token) as everything else.
+    dashboard.install(app)
     # Read shared state from app.state (see the module docstring). Middleware added here
     # runs *outside* Guard (Starlette: added last = outermost), so it sees refused
     # requests too. Paths that must work without the bearer token (a public dashboard):
