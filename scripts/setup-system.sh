@@ -3,12 +3,14 @@
 #   python3  — the default sandbox runtime (/usr/bin/python3 + stdlib), never the venv
 #   gcc g++  — C/C++ programs compiled and run inside the sandbox
 #   bubblewrap — the isolation baseline `trialbox bench sandbox` measures against
+#   python3-pytest — the test runner of repository tasks, inside the sandbox runtime
 set -euo pipefail
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
 [ -x /usr/bin/gcc ] || need+=(gcc)
 [ -x /usr/bin/g++ ] || need+=(g++)
 [ -x /usr/bin/bwrap ] || need+=(bubblewrap)
+[ -f /usr/lib/python3/dist-packages/pytest/__init__.py ] || need+=(python3-pytest)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup-system: missing Debian packages: ${need[*]} — run as root or: sudo apt-get install ${need[*]}" >&2

@@ -63,7 +63,7 @@ import fnmatch
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -281,11 +281,14 @@ _Finding = tuple[int, str, str]
 """(line, detector, what)"""
 
 
-def static_scan(source: str, trusted_prefix: str = "", *,
-                entry_point: str = "") -> tuple[Flag, ...]:
+def static_scan(source: str, trusted_prefix: str = "", *, entry_point: str = "",
+                lines: Collection[int] | None = None) -> tuple[Flag, ...]:
     """Flags raised by the candidate's code. `source` is what runs (prompt + completion);
     findings located on the lines of `trusted_prefix` (the task's own prompt, which must
     start `source`) are not reported. Code that does not parse yields no flags.
+
+    `lines`: when given, only findings on these lines are reported (a repository file
+    the candidate edited: the lines it wrote).
 
     Exit calls and runner-like output are not flagged in code that only the
     `if __name__ == "__main__":` block reaches (the block itself, and functions written
@@ -308,6 +311,8 @@ def static_scan(source: str, trusted_prefix: str = "", *,
     flags = []
     for line, detector, what in sorted(_Scan(tree).run()):
         if line < first or (detector in _GUARDED and any(a <= line <= b for a, b in guarded)):
+            continue
+        if lines is not None and line not in lines:
             continue
         if (detector, what) not in seen and (detector, str(line)) not in seen:
             seen.update({(detector, what), (detector, str(line))})

@@ -26,6 +26,23 @@ stdio (our format; unknown keys are rejected, so a typo cannot silently change g
     exact); `float_tol` (default 1e-6) goes with float, `checker` (Python source) with
     checker.
 
+repo (our format; unknown keys are rejected):
+
+    {"task_id": "calc", "kind": "repo", "prompt": "Fix calc.add.",
+     "files": {"calc/__init__.py": "", "calc/ops.py": "def add(a, b):\n    return a - b\n"},
+     "test_files": {"tests/test_ops.py": "from calc.ops import add\n..."},
+     "hidden_test_files": "calc_hidden/",
+     "test_command": ["pytest"], "canonical_solution": "--- a/calc/ops.py\n+++ ..."}
+
+    `files` is the starting tree the candidate edits; `test_files` (visible: the policy
+    may see them, and they are part of its starting tree) and `hidden_test_files` are the
+    trusted tests, graded from this copy. Each of the three is an object {path: text} or
+    the path of a directory (relative to the JSONL file) whose files are read with paths
+    relative to it (symbolic links refused). At least one test module (`test_*.py` or
+    `*_test.py`) is needed, and every test file must be valid Python. `test_command` is
+    optional and only `["pytest"]` is supported (the judge runs pytest its own way).
+    `canonical_solution` is a unified diff against the starting tree; it must apply.
+
 Every problem with the input is a `UsageError` that names the file, the line and the
 field to fix. Nothing is downloaded: HumanEval ships inside the installed wheel.
 """
@@ -51,6 +68,9 @@ HUMANEVAL = "humaneval"
 _STDIO_KEYS = {"task_id", "kind", "prompt", "tests", "compare", "float_tol", "checker",
                "canonical_solution", "canary"}
 _STDIO_TEST_KEYS = {"stdin", "expected", "hidden"}
+_REPO_KEYS = {"task_id", "kind", "prompt", "files", "test_files", "hidden_test_files",
+              "test_command", "canonical_solution", "canary"}
+_MAX_TREE_BYTES = 64 << 20
 
 
 def load_tasks(spec: str) -> list[Task]:
@@ -96,7 +116,8 @@ def load_jsonl(path: str | Path, source: str | None = None) -> list[Task]:
                              "save the file as UTF-8") from None
         if not text.strip():
             continue
-        task = _parse_row(text, where, source if source is not None else name)
+        task = _parse_row(text, where, source if source is not None else name,
+                          Path(path).parent)
         if task.task_id in first_line:
             raise UsageError(f"{where}: field 'task_id': {task.task_id!r} already appears on "
                              f"line {first_line[task.task_id]}; task_ids must be unique")
@@ -138,7 +159,7 @@ def _read_bytes(path: Path) -> bytes:
                          f"decompressed ({e}); recompress it or give it uncompressed") from None
 
 
-def _parse_row(text: str, where: str, source: str) -> Task:
+def _parse_row(text: str, where: str, source: str, base: Path = Path(".")) -> Task:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as e:
@@ -154,8 +175,10 @@ def _parse_row(text: str, where: str, source: str) -> Task:
         return _function_task(row, task_id, where, source)
     if kind == TaskKind.STDIO.value:
         return _stdio_task(row, task_id, where, source)
-    raise UsageError(f"{where}: field 'kind': unknown kind {kind!r}; use 'function' or "
-                     "'stdio' (repo tasks cannot be loaded from JSONL)")
+    if kind == TaskKind.REPO.value:
+        return _repo_task(row, task_id, where, source, base)
+    raise UsageError(f"{where}: field 'kind': unknown kind {kind!r}; use 'function', "
+                     "'stdio' or 'repo'")
 
 
 def _function_task(row: dict[str, Any], task_id: str, where: str, source: str) -> Task:
@@ -231,6 +254,95 @@ def _stdio_tests(row: dict[str, Any],
                         expected=t["expected"].encode())
         (hidden if is_hidden else visible).append(case)
     return tuple(visible), tuple(hidden)
+
+
+def _repo_task(row: dict[str, Any], task_id: str, where: str, source: str,
+               base: Path) -> Task:
+    # Imported here: the store is below the judge in most of its uses, and only repo
+    # rows need the judge's tree rules (paths, patches, which files are test modules).
+    from trialbox.judge.repo_tree import TreeError, apply_patch, clean_path
+
+    unknown = sorted(set(row) - _REPO_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field {unknown[0]!r} in a repo task; allowed: "
+                         f"{', '.join(sorted(_REPO_KEYS))}")
+    prompt = _text(row, "prompt", where)
+    trees = {}
+    for key in ("files", "test_files", "hidden_test_files"):
+        raw = _tree(row, key, where, base)
+        try:
+            trees[key] = tuple(sorted((clean_path(p), d) for p, d in raw.items()))
+        except TreeError as e:
+            raise UsageError(f"{where}: field {key!r}: {e}") from None
+    paths: dict[str, str] = {}
+    for key, tree in trees.items():
+        for p, _ in tree:
+            if p in paths:
+                raise UsageError(f"{where}: field {key!r}: {p!r} is also in "
+                                 f"{paths[p]!r}; each path belongs to one set")
+            paths[p] = key
+    tests = trees["test_files"] + trees["hidden_test_files"]
+    if not any(p.endswith(".py") and (p.rsplit("/", 1)[-1].startswith("test_")
+                                      or p.endswith("_test.py")) for p, _ in tests):
+        raise UsageError(f"{where}: a repo task needs at least one test module (test_*.py "
+                         "or *_test.py) in 'test_files' or 'hidden_test_files'")
+    for p, d in tests:
+        if p.endswith(".py"):
+            try:
+                compile(d, f"{task_id}/{p}", "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as e:
+                raise UsageError(f"{where}: test file {p!r} is not valid Python: "
+                                 f"{getattr(e, 'msg', e)}") from None
+    command = row.get("test_command", ["pytest"])
+    if command != ["pytest"]:
+        raise UsageError(f"{where}: field 'test_command': only [\"pytest\"] is supported "
+                         f"(the judge runs pytest itself), got {command!r}")
+    canonical = _optional_text(row, "canonical_solution", where)
+    if canonical:
+        try:
+            apply_patch({**dict(trees["files"]), **dict(trees["test_files"])}, canonical)
+        except TreeError as e:
+            raise UsageError(f"{where}: field 'canonical_solution' does not apply to the "
+                             f"starting tree: {e}") from None
+    return Task(task_id=task_id, kind=TaskKind.REPO, prompt=prompt, files=trees["files"],
+                test_files=trees["test_files"], hidden_test_files=trees["hidden_test_files"],
+                test_command=("pytest",), canonical_solution=canonical, source=source,
+                canary=_canary(row, where))
+
+
+def _tree(row: dict[str, Any], key: str, where: str, base: Path) -> dict[str, bytes]:
+    """A files field: {path: text}, or a directory path (relative to the task file)."""
+    value = row.get(key, {})
+    if isinstance(value, dict):
+        out = {}
+        for p, text in value.items():
+            if not isinstance(text, str):
+                raise UsageError(f"{where}: field '{key}[{p!r}]' must be a string (the "
+                                 f"file's text), got {_json_type(text)}")
+            out[p] = text.encode("utf-8", "surrogateescape")
+        return out
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"{where}: field {key!r} must be an object {{path: text}} or a "
+                         f"directory path, got {_json_type(value)}")
+    root = base / value
+    if not root.is_dir():
+        raise UsageError(f"{where}: field {key!r}: {str(root)!r} is not a directory")
+    out = {}
+    total = 0
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            raise UsageError(f"{where}: field {key!r}: {rel!r} is a symbolic link; "
+                             "give regular files only")
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        total += len(data)
+        if total > _MAX_TREE_BYTES:
+            raise UsageError(f"{where}: field {key!r}: the directory holds more than "
+                             f"{_MAX_TREE_BYTES >> 20} MiB; trim it")
+        out[rel] = data
+    return out
 
 
 # --------------------------------------------------------------------------- fields

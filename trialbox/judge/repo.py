@@ -1,0 +1,433 @@
+"""Judging repository tasks: a file tree and trusted pytest tests.
+
+    judge (this process)                          grading sandbox (fresh per attempt)
+      candidate_tree(): the answer (a diff or       /workspace/repo/      the tree, with the
+        files) on the starting tree, stripped of       trusted test files written over it
+        test config, .pth, sitecustomize,           /workspace/_judge/    our runner + ini
+        bytecode, shadowing modules (flagged)       python3 _judge/_trialbox_pytest.py
+      static scan of the lines it wrote               (cwd /workspace, outside the tree)
+      job ──────── socketpair, fd 3 ─────────────►  pytest with our plugin, our ini
+      records ◄──── nonce + sequence, start/test/   (-c ours, --rootdir, --confcutdir,
+                    tamper/end ──────────────────   -p no:cacheprovider, -o addopts=,
+                                                    --noconftest when the task has none,
+                                                    plugin autoload off)
+
+The grade comes only from the plugin's records: each carries the nonce (sent over the
+socket, never in argv, environment or files) and the next sequence number; results count
+only when the `end` record came after pytest.main returned *and* the run ended normally.
+pytest's exit code and output are never read as evidence. A test passes when its setup,
+call and teardown all passed (skips and xfails are not passes); a test function the
+trusted files define that never reports fails. Hidden test files are written only into
+this grading sandbox, and their failures are reported without details.
+
+What candidate code running inside the pytest process can still do is in docs/judge.md
+("Repository tasks: residual risk"). Infrastructure failures are retried and, if they
+persist, graded INFRA (reward None); a runner that never starts is ERROR (excluded).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import hashlib
+import json
+import os
+import posixpath
+import secrets
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cache
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.judge.anticheat import CHEAT_DETECTORS, Flag, canary_check, static_scan
+from trialbox.judge.repo_tree import (
+    REPO_CHEAT_FLAGS,
+    CandidateTree,
+    TreeError,
+    candidate_tree,
+    expected_tests,
+)
+from trialbox.judge.retry import with_infra_retries
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.pool import CellPool
+from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Outcome, Task, TaskKind, \
+    TestResult
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKSPACE = "/workspace"
+REPO_DIR = "repo"
+JUDGE_DIR = "_judge"
+RUNNER = "_trialbox_pytest.py"
+RUNNER_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+MAX_CHANNEL = 32 << 20
+_MSG = 1000
+
+Answer = str | Mapping[str, bytes | str | None]
+"""A unified diff against the starting tree, or an overlay {path: content, None: delete}."""
+
+
+@dataclass(frozen=True)
+class RepoJudgeConfig:
+    """Limits of one repository judgement."""
+
+    limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=60, cpu_s=60, memory_mb=1024, disk_mb=64, pids=64))
+    """The grading sandbox: one pytest run over the candidate's tree and the tests."""
+    retries: int = 2
+    """Extra attempts after an infrastructure failure."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limits, Limits):
+            raise UsageError(f"RepoJudgeConfig.limits must be a trialbox.types.Limits, got "
+                             f"{type(self.limits).__name__}")
+        if self.limits.network:
+            raise UsageError("RepoJudgeConfig.limits.network must be False: tests run "
+                             "offline")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) \
+                or self.retries < 0:
+            raise UsageError(f"RepoJudgeConfig.retries must be an int >= 0, got "
+                             f"{self.retries!r}")
+
+
+def test_modules(task: Task) -> list[str]:
+    """The trusted test files pytest is given (`test_*.py`, `*_test.py`); other files in
+    the test sets (helpers, data, conftest.py) are only put in place."""
+    names = [p for p, _ in (*task.test_files, *task.hidden_test_files)]
+    return sorted(p for p in names if p.endswith(".py") and (
+        posixpath.basename(p).startswith("test_") or p.endswith("_test.py")))
+
+
+async def judge_repo(task: Task, answer: Answer, pool: CellPool,
+                     config: RepoJudgeConfig | None = None) -> Grade:
+    """Grade the candidate's `answer` (a unified diff, or a files overlay) against the
+    task's trusted tests, hidden first in the results, then visible."""
+    config = config or RepoJudgeConfig()
+    if task.kind is not TaskKind.REPO:
+        raise UsageError(f"{task.task_id}: judge_repo needs a REPO task, got "
+                         f"kind={task.kind.value!r}")
+    if not test_modules(task):
+        raise UsageError(f"{task.task_id}: the task has no test module (test_*.py or "
+                         "*_test.py) among its test files")
+    t0 = time.monotonic()
+    try:
+        if isinstance(answer, str):
+            tree = candidate_tree(task, patch=answer)
+        elif isinstance(answer, Mapping):
+            tree = candidate_tree(task, files=answer)
+        else:
+            raise UsageError(f"{task.task_id}: the answer must be a unified diff (str) or "
+                             f"a mapping of files, got {type(answer).__name__}")
+    except TreeError as e:  # the candidate's answer is unusable: its failure
+        return Grade(task.task_id, Outcome.FAILED, tests=_not_run(task, "not run: the "
+                     "answer could not be applied"),
+                     message=f"the answer could not be applied: {e}"[:4000],
+                     wall_ms=round((time.monotonic() - t0) * 1e3, 3))
+    flags = list(tree.flags) + scan_tree(tree)
+    grade = await with_infra_retries(lambda: _attempt(task, tree, pool, config),
+                                     config.retries, task.task_id)
+    return canary_check(_with_flags(grade, flags), task)
+
+
+def scan_tree(tree: CandidateTree) -> list[Flag]:
+    """The static scan over the Python lines the candidate wrote, plus references to the
+    test runner's internals (`_pytest`, `pluggy`, hook functions)."""
+    flags: list[Flag] = []
+    for path, lines in sorted(tree.changed.items()):
+        source = tree.files[path].decode("utf-8", "replace")
+        for f in static_scan(source, lines=lines) + _runner_refs(source, lines):
+            flags.append(Flag(f.detector, f"{path} {f.detail}"))
+    return flags
+
+
+def _runner_refs(source: str, lines: frozenset[int]) -> tuple[Flag, ...]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if line not in lines:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.startswith(("_pytest", "pluggy")):
+            names = [node.value]
+        if any(n.split(".")[0] in ("_pytest", "pluggy") for n in names):
+            found.append(Flag("pytest-tamper", f"line {line}: {names[0]}: the test "
+                              "runner's internals"))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.name.startswith("pytest_"):
+            found.append(Flag("pytest-tamper", f"line {line}: def {node.name}: a pytest "
+                              "hook in the candidate's code"))
+    return tuple(found)
+
+
+def _with_flags(grade: Grade, flags: list[Flag]) -> Grade:
+    """Add the tree's and the scan's flags; a cheat flag grades CHEAT (reward 0), naming
+    itself. Flags never turn a failure into a pass; excluded attempts stay excluded."""
+    names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
+    if not names:
+        return grade
+    cheats = [f for f in flags if f.detector in REPO_CHEAT_FLAGS | CHEAT_DETECTORS]
+    cheats += [Flag(d, "seen by the runner") for d in grade.flags
+               if d in REPO_CHEAT_FLAGS and not any(f.detector == d for f in cheats)]
+    if cheats and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
+        detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
+        msg = f"cheat detected — {detail}" + (f" | {grade.message}" if grade.message else "")
+        return replace(grade, outcome=Outcome.CHEAT, flags=names, message=msg[:4000])
+    return replace(grade, flags=names)
+
+
+# --------------------------------------------------------------------------- a run
+
+@cache
+def _runner_program() -> bytes:
+    with open(os.path.join(HERE, "repo_plugin.py"), "rb") as f:
+        return f.read()
+
+
+def _ini() -> bytes:
+    """Our pytest configuration: the only one pytest reads (`-c`)."""
+    return (f"[pytest]\npythonpath = {WORKSPACE}/{REPO_DIR}\n"
+            "console_output_style = classic\n").encode()
+
+
+async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
+                   config: RepoJudgeConfig) -> Grade:
+    t0 = time.monotonic()
+    nonce = secrets.token_hex(16)
+    repo = f"{WORKSPACE}/{REPO_DIR}"
+    trusted = {**dict(task.test_files), **dict(task.hidden_test_files),
+               **{p: d for p, d in task.files if posixpath.basename(p) == "conftest.py"}}
+    modules = test_modules(task)
+    job = {"nonce": nonce, "repo": repo,
+           "trusted": {f"{repo}/{p}": hashlib.sha256(d).hexdigest()
+                       for p, d in trusted.items() if p.endswith(".py")},
+           "tests": [f"{repo}/{p}" for p in modules]}
+    sb = await NamespaceSandbox.open(pool, config.limits)
+    ours, theirs = socket.socketpair()
+    try:
+        await sb.write_file(f"{JUDGE_DIR}/{RUNNER}", _runner_program())
+        await sb.write_file(f"{JUDGE_DIR}/pytest.ini", _ini())
+        try:
+            for path, data in sorted(tree.files.items()):
+                await sb.write_file(f"{REPO_DIR}/{path}", data)
+        except UsageError as e:  # e.g. a tree larger than the workspace: its doing
+            return Grade(task.task_id, Outcome.FAILED, tests=_not_run(task, "not run"),
+                         message=f"the tree could not be written: {e}"[:4000],
+                         wall_ms=round((time.monotonic() - t0) * 1e3, 3))
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(ours, json.dumps(job).encode() + b"\n")
+        reader = asyncio.ensure_future(_read_all(loop, ours))
+        try:
+            r = await sb.exec(["python3", f"{WORKSPACE}/{JUDGE_DIR}/{RUNNER}"],
+                              env=RUNNER_ENV, cwd=WORKSPACE,
+                              pass_fds={3: theirs.detach()})
+        finally:
+            data = await reader
+    finally:
+        ours.close()
+        theirs.close()
+        await sb.close()
+    return _grade(task, modules, nonce, data, r, (time.monotonic() - t0) * 1e3)
+
+
+async def _read_all(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    """Everything the runner sends until the run is over (the sandbox closes its end);
+    past `MAX_CHANNEL` bytes the rest is drained and dropped."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await loop.sock_recv(sock, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        if size < MAX_CHANNEL:
+            chunks.append(chunk)
+            size += len(chunk)
+
+
+# --------------------------------------------------------------------------- grading
+
+@dataclass
+class _Report:
+    """The runner's records, as far as they can be believed."""
+
+    start: dict[str, Any] | None = None
+    end: dict[str, Any] | None = None
+    tests: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """node id -> phase (setup/call/teardown) -> record"""
+    collect: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tamper: list[str] = field(default_factory=list)
+
+
+def parse_records(data: bytes, nonce: str) -> _Report:
+    """Records carrying `nonce`, in sequence. A record out of sequence, or anything else
+    on the channel that names a nonce, is someone else writing to it: `tamper`, and
+    nothing after it is believed."""
+    rep = _Report()
+    seq = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):
+            obj = None
+        if not isinstance(obj, dict) or obj.get("nonce") != nonce:
+            rep.tamper.append("something else wrote to the judge's channel")
+            break
+        if obj.get("seq") != seq or rep.end is not None:
+            rep.tamper.append("the judge's channel carried records out of sequence")
+            break
+        seq += 1
+        kind = obj.get("t")
+        if kind == "start" and seq == 1:
+            rep.start = obj
+        elif kind == "test" and isinstance(obj.get("id"), str):
+            rep.tests.setdefault(obj["id"], {})[str(obj.get("when"))] = obj
+        elif kind == "collect" and isinstance(obj.get("id"), str):
+            rep.collect[obj["id"]] = obj
+        elif kind == "tamper":
+            rep.tamper += [str(w) for w in obj.get("what") or []]
+        elif kind == "end" and obj.get("count") == seq:
+            rep.end = obj
+        else:
+            rep.tamper.append(f"unexpected record {str(kind)[:40]!r} on the channel")
+            break
+    return rep
+
+
+def _grade(task: Task, modules: list[str], nonce: str, data: bytes, r: ExecResult,
+           wall_ms: float) -> Grade:
+    common: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "candidate_cpu_ms": r.cpu_ms,
+                              "candidate_peak_memory_bytes": r.peak_memory_bytes}
+    if r.status is ExecStatus.INFRA:
+        return Grade(task.task_id, Outcome.INFRA, message=f"grading sandbox: {r.message}",
+                     **common)
+    rep = parse_records(data, nonce)
+    if rep.start is None:
+        return Grade(task.task_id, Outcome.ERROR, message=(
+            f"the test runner did not start (status {r.status.value} {r.message}): "
+            f"{r.stderr_text.strip()[-1500:]}").strip(), **common)
+    if rep.start.get("error"):
+        return Grade(task.task_id, Outcome.ERROR,
+                     message=f"the test runner could not start: {rep.start['error']}"[:4000],
+                     **common)
+    clean = (rep.end is not None and rep.end.get("finished") is True
+             and r.status is ExecStatus.OK and not rep.tamper)
+    hidden_files = {p for p, _ in task.hidden_test_files}
+    results = _results(task, modules, rep, clean, hidden_files)
+    flags = ("pytest-tamper",) if rep.tamper else ()
+    if rep.tamper:
+        message = "the test runner was tampered with: " + "; ".join(rep.tamper[:5])
+    elif not clean:
+        message = (f"the test run did not finish cleanly (status {r.status.value}"
+                   f"{': ' + r.message if r.message else ''}); no result counts")
+    else:
+        first = next((t for t in results if not t.passed), None)
+        message = f"{first.name}: {first.message}" if first else ""
+    if results and all(t.passed for t in results):
+        outcome = Outcome.PASSED
+    elif r.status is ExecStatus.MEMORY:
+        outcome = Outcome.MEMORY
+    elif r.status is ExecStatus.TIMEOUT:
+        outcome = Outcome.TIMEOUT
+    else:
+        outcome = Outcome.FAILED
+    ordered = tuple(sorted(results, key=lambda t: (not t.hidden, t.name)))
+    return Grade(task.task_id, outcome, tests=ordered, message=message[:4000], flags=flags,
+                 **common)
+
+
+def _results(task: Task, modules: list[str], rep: _Report, clean: bool,
+             hidden_files: set[str]) -> list[TestResult]:
+    sources = {**dict(task.test_files), **dict(task.hidden_test_files)}
+    out: list[TestResult] = []
+    seen: set[str] = set()
+    for node, phases in rep.tests.items():
+        path = node.partition("::")[0]
+        if path not in modules:
+            continue  # not a trusted test file's test
+        seen.add(node)
+        hidden = path in hidden_files
+        why = _failure(phases, hidden)
+        if why and not hidden and _quotes_hidden(why, task):
+            why = why.split(":", 1)[0] + ": details withheld (they quote a hidden test)"
+        if why is None and not clean:
+            why = "passed, but the run did not finish cleanly: not counted"
+        out.append(TestResult(node, why is None, why or "",
+                              float(phases.get("call", {}).get("ms", 0.0)), hidden))
+    for path in modules:
+        hidden = path in hidden_files
+        bad = rep.collect.get(path)
+        for name in expected_tests(path, sources[path]):
+            if any(n == name or n.startswith(name + "[") for n in seen):
+                continue
+            if bad is not None:
+                why = f"not run: its file did not collect ({bad.get('outcome')})" + (
+                    "" if hidden else f": {str(bad.get('msg', ''))[-_MSG:]}")
+            else:
+                why = "not run: never reported by the test runner"
+            out.append(TestResult(name, False, why, 0.0, hidden))
+        if bad is not None and not expected_tests(path, sources[path]):
+            out.append(TestResult(path, False, f"its file did not collect "
+                                  f"({bad.get('outcome')})", 0.0, hidden))
+    return out
+
+
+def _quotes_hidden(message: str, task: Task) -> bool:
+    """Whether a visible test's failure message quotes a line of a hidden test file (the
+    candidate's code can read those files while it runs and put them in an exception)."""
+    return any(line in message for line in _hidden_lines(task))
+
+
+@cache
+def _hidden_lines(task: Task) -> frozenset[str]:
+    return frozenset(line.strip() for _, d in task.hidden_test_files
+                     for line in d.decode("utf-8", "replace").splitlines()
+                     if len(line.strip()) >= 12)
+
+
+def _failure(phases: dict[str, dict[str, Any]], hidden: bool) -> str | None:
+    """None when setup, call and teardown all passed, else why not (details only for
+    visible tests: a hidden test's assertion would show its expected values)."""
+    if "call" not in phases:
+        for when in ("setup", "teardown"):
+            rec = phases.get(when)
+            if rec is not None and rec.get("outcome") != "passed":
+                return _phase_failure(rec, when, hidden)
+        return "not run: no result for the test call"
+    for when in ("setup", "call", "teardown"):
+        rec = phases.get(when)
+        if rec is None:
+            return f"no result for its {when}"
+        if rec.get("xfail"):
+            return "xfail: an expected failure is not a pass"
+        if rec.get("outcome") != "passed":
+            return _phase_failure(rec, when, hidden)
+    return None
+
+
+def _phase_failure(rec: dict[str, Any], when: str, hidden: bool) -> str:
+    outcome = str(rec.get("outcome"))
+    head = f"{outcome} ({when})" if when != "call" else outcome
+    if hidden:
+        return head
+    return f"{head}: {str(rec.get('msg', ''))[-_MSG:]}"
+
+
+def _not_run(task: Task, why: str) -> tuple[TestResult, ...]:
+    hidden = {p for p, _ in task.hidden_test_files}
+    sources = {**dict(task.test_files), **dict(task.hidden_test_files)}
+    return tuple(sorted((TestResult(n, False, why, 0.0, p in hidden)
+                         for p in test_modules(task) for n in expected_tests(p, sources[p])),
+                        key=lambda t: (not t.hidden, t.name)))

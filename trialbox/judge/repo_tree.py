@@ -1,0 +1,400 @@
+"""The candidate's file tree for a repository task, made safe to test.
+
+    tree = candidate_tree(task, patch=diff)        # or files={"pkg/mod.py": b"..."}
+    tree.files   # what the judge writes under the grading sandbox's repo/ directory
+    tree.flags   # what was stripped or overridden, as anti-cheat flags
+    tree.changed # candidate-written Python files -> the lines it wrote (for the scan)
+
+The candidate starts from `task.files` plus the visible test files (what its own session
+showed it). Its answer is a unified diff against that tree, or an overlay of files
+(`None` deletes one). Then, whatever it wrote:
+
+* the trusted test files (visible and hidden) are written from the task's copy;
+* test configuration comes from the task only: `conftest.py`, `pytest.ini`,
+  `.pytest.ini`, `tox.ini`, `setup.cfg`, `pyproject.toml` are the task's versions (or
+  absent) — pytest is also started with our own ini, so these could not configure it
+  anyway; stripping them is defence in depth and keeps the flag honest;
+* files that run code without being imported by name — `*.pth`, `sitecustomize.py`,
+  `usercustomize.py` — and compiled code that the static scan cannot read —
+  `__pycache__/`, `*.pyc`/`*.pyo`, extension modules `*.so`/`*.pyd` (an unchecked
+  hash-based `.pyc` is loaded without ever looking at its source) — are removed;
+* a candidate module that would shadow a standard-library or test-runner module the
+  tests may import later (`fractions.py` with an always-equal `Fraction`) is removed.
+
+Each removal of something the candidate added or changed is flagged (see `REPO_FLAGS`).
+Paths must be relative and stay inside the tree; a patch that does not apply is the
+candidate's failure (`TreeError`), never the judge's.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import posixpath
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trialbox.errors import UsageError
+from trialbox.judge.anticheat import Flag
+from trialbox.types import Task
+
+REPO_FLAGS: dict[str, str] = {
+    "conftest-injection": "added or changed a conftest.py (test configuration is the task's)",
+    "test-config": "added or changed pytest configuration (pytest.ini, tox.ini, setup.cfg "
+                   "[tool:pytest], pyproject [tool.pytest.ini_options])",
+    "pth-file": "added a .pth file (code run at interpreter start)",
+    "sitecustomize": "added sitecustomize.py / usercustomize.py (code run at start)",
+    "test-file-edit": "changed or deleted a trusted test file",
+    "module-shadow": "a module named like a standard-library or test-runner module",
+    "pytest-tamper": "reached into the test runner (pytest internals, its hooks, the "
+                     "judge's plugin or report channel)",
+    "bytecode": "shipped compiled bytecode (__pycache__, .pyc)",
+    "binary-module": "shipped a compiled extension module (.so, .pyd)",
+}
+"""Repository-specific detectors and what each means."""
+
+REPO_CHEAT_FLAGS = frozenset({"conftest-injection", "test-config", "pth-file",
+                              "sitecustomize", "test-file-edit", "module-shadow",
+                              "pytest-tamper"})
+"""Repository flags that make an attempt a cheat. `bytecode` and `binary-module` are only
+recorded: stripping defeats them, and build artefacts do turn up in honest trees."""
+
+CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg",
+                          "pyproject.toml"})
+_STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
+_PYTEST_SECTION = re.compile(rb"^\s*\[(pytest|tool:pytest|tool\.pytest\.ini_options)\]",
+                             re.M)
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
+                            "attr", "attrs", "exceptiongroup", "tomli", "_trialbox_pytest"})
+"""Top-level modules the test runner is made of (Debian's python3-pytest and its
+dependencies) or the judge's own: a candidate module of the same name is shadowing."""
+SHADOWED = frozenset(sys.stdlib_module_names) | RUNNER_MODULES
+MAX_PATH = 4096
+
+
+class TreeError(Exception):
+    """The candidate's answer cannot become a tree (bad patch, bad path): its failure."""
+
+
+@dataclass(frozen=True)
+class CandidateTree:
+    """A sanitised tree and what was done to it."""
+
+    files: dict[str, bytes]
+    """Path (relative to the repository root) -> content, trusted files included."""
+    flags: tuple[Flag, ...] = ()
+    changed: dict[str, frozenset[int]] = field(default_factory=dict)
+    """Candidate-written Python files that are kept -> the lines it wrote or changed."""
+
+
+def starting_files(task: Task) -> dict[str, bytes]:
+    """What the candidate's own session starts with: the task's tree and the visible test
+    files. Hidden test files are never part of it."""
+    return {**dict(task.files), **dict(task.test_files)}
+
+
+def candidate_tree(task: Task, *, patch: str | None = None,
+                   files: Mapping[str, bytes | str | None] | None = None) -> CandidateTree:
+    """The tree to test: the candidate's answer (a unified diff, or an overlay of files;
+    exactly one) applied to `starting_files(task)`, then sanitised. Raises `TreeError`
+    when the answer cannot be applied, `UsageError` when neither or both are given."""
+    if (patch is None) == (files is None):
+        raise UsageError(f"{task.task_id}: give the candidate's answer as exactly one of "
+                         "patch= (a unified diff) or files= (path -> content)")
+    base = starting_files(task)
+    if patch is not None:
+        if not isinstance(patch, str):
+            raise UsageError(f"{task.task_id}: the patch must be a str, got "
+                             f"{type(patch).__name__}")
+        cand = apply_patch(base, patch)
+    else:
+        assert files is not None
+        cand = dict(base)
+        for raw, content in files.items():
+            path = clean_path(raw)
+            if content is None:
+                cand.pop(path, None)
+            elif isinstance(content, (bytes, str)):
+                cand[path] = content.encode("utf-8", "surrogateescape") \
+                    if isinstance(content, str) else content
+            else:
+                raise TreeError(f"{path}: content must be text, bytes or null (delete), got "
+                                f"{type(content).__name__}")
+    return _sanitise(task, base, cand)
+
+
+def _sanitise(task: Task, base: dict[str, bytes], cand: dict[str, bytes]) -> CandidateTree:
+    original = dict(task.files)
+    trusted_tests = {**dict(task.test_files), **dict(task.hidden_test_files)}
+    flags: list[Flag] = []
+
+    def flag(detector: str, path: str, what: str) -> None:
+        flags.append(Flag(detector, f"{path}: {what}"))
+
+    out: dict[str, bytes] = {}
+    for path, data in sorted(cand.items()):
+        name = posixpath.basename(path)
+        parts = path.split("/")
+        touched = base.get(path) != data  # the candidate added or changed it
+        if path in trusted_tests:
+            if touched and path in dict(task.test_files):
+                flag("test-file-edit", path, "changed a trusted test file; the task's "
+                     "copy is used")
+            continue  # written from the trusted copy below
+        if name in CONFIG_FILES:
+            if touched:
+                if name == "conftest.py":
+                    flag("conftest-injection", path, "ignored; the task's test "
+                         "configuration is used")
+                elif name in ("setup.cfg", "pyproject.toml") and not _PYTEST_SECTION.search(
+                        data):
+                    pass  # not test configuration (still the task's version below)
+                else:
+                    flag("test-config", path, "ignored; the judge's own pytest "
+                         "configuration is used")
+            continue  # the task's version (if any) is restored below
+        if "__pycache__" in parts or name.endswith((".pyc", ".pyo")):
+            if touched:
+                flag("bytecode", path, "removed (only sources are run)")
+            continue
+        if name.endswith((".so", ".pyd")) and path not in original:
+            flag("binary-module", path, "removed (only sources are run)")
+            continue
+        if name.endswith(".pth"):
+            if touched:
+                flag("pth-file", path, "removed")
+            continue
+        if name in _STARTUP_FILES:
+            if touched:
+                flag("sitecustomize", path, "removed")
+            continue
+        out[path] = data
+    for path in sorted(out):
+        if path not in original and _shadows(path, out):
+            flag("module-shadow", path, f"removed: shadows the module "
+                 f"{_top_module(path)!r} the tests may import")
+            del out[path]
+    for path, _ in task.test_files:
+        if path not in cand:
+            flag("test-file-edit", path, "deleted a trusted test file; the task's copy "
+                 "is used")
+    for path, data in original.items():
+        if posixpath.basename(path) in CONFIG_FILES or path.endswith((".so", ".pyd")):
+            out[path] = data
+    out.update(trusted_tests)
+    changed = {p: _changed_lines(base.get(p, b""), d) for p, d in out.items()
+               if p.endswith(".py") and p not in trusted_tests and base.get(p) != d}
+    return CandidateTree(out, tuple(flags), changed)
+
+
+def _top_module(path: str) -> str:
+    parts = path.split("/")
+    name = parts[-1]
+    if name == "__init__.py" and len(parts) > 1:
+        return parts[-2]
+    return name[:-3] if name.endswith(".py") else name.split(".")[0]
+
+
+def _shadows(path: str, tree: dict[str, bytes]) -> bool:
+    """Whether `path` is a top-level module or package (its directory is not itself a
+    package) named like a standard-library or runner module."""
+    parts = path.split("/")
+    name = parts[-1]
+    if name == "__init__.py":
+        if len(parts) < 2:
+            return False
+        parent = parts[:-2]
+    elif name.endswith(".py"):
+        parent = parts[:-1]
+    else:
+        return False
+    in_package = bool(parent) and "/".join(parent + ["__init__.py"]) in tree
+    return not in_package and _top_module(path) in SHADOWED
+
+
+def _changed_lines(old: bytes, new: bytes) -> frozenset[int]:
+    """1-based line numbers of `new` that are not in `old` (inserted or replaced)."""
+    a = old.decode("utf-8", "replace").splitlines()
+    b = new.decode("utf-8", "replace").splitlines()
+    lines: set[int] = set()
+    for op, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, a, b,
+                                                        autojunk=False).get_opcodes():
+        if op in ("replace", "insert"):
+            lines.update(range(j1 + 1, j2 + 1))
+    return frozenset(lines)
+
+
+def clean_path(raw: str) -> str:
+    """A tree path: relative, `/`-separated, normalised, inside the tree. `TreeError`
+    otherwise."""
+    if not isinstance(raw, str) or not raw or "\x00" in raw or len(raw) > MAX_PATH:
+        raise TreeError(f"bad path {raw!r}: give a relative path inside the repository")
+    if raw.startswith("/") or "\\" in raw:
+        raise TreeError(f"bad path {raw!r}: paths are relative and use '/'")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise TreeError(f"bad path {raw!r}: it must name a file inside the repository")
+    return "/".join(parts)
+
+
+# --------------------------------------------------------------------------- patches
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def apply_patch(files: dict[str, bytes], patch: str) -> dict[str, bytes]:
+    """Apply a unified diff (`git diff` or `diff -u` output) to `files`; a new dict.
+
+    Hunks must match the file exactly (context and removed lines), at their line or, if
+    the file moved, at one other place; file creation (`--- /dev/null`) and deletion
+    (`+++ /dev/null`) are supported; renames, binary patches and symlinks are not.
+    `a/` and `b/` prefixes are dropped. Raises `TreeError` saying what did not apply.
+
+    >>> diff = "--- a/f.py\\n+++ b/f.py\\n@@ -1 +1 @@\\n-x = 1\\n+x = 2\\n"
+    >>> apply_patch({"f.py": b"x = 1\\n"}, diff)
+    {'f.py': b'x = 2\\n'}
+    """
+    out = dict(files)
+    lines = patch.splitlines(keepends=True)
+    i, touched = 0, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(("rename from", "rename to", "copy from", "GIT binary patch",
+                            "Binary files")):
+            raise TreeError(f"patch line {i + 1}: {line.strip()!r} is not supported; send "
+                            "renames as a deletion and a creation, text files only")
+        if line.startswith(("new file mode 12", "new mode 12", "deleted file mode 12")):
+            raise TreeError(f"patch line {i + 1}: symbolic links are not supported")
+        if not (line.startswith("--- ") and i + 1 < len(lines)
+                and lines[i + 1].startswith("+++ ")):
+            i += 1
+            continue
+        old_path = _patch_path(line[4:], i + 1)
+        new_path = _patch_path(lines[i + 1][4:], i + 2)
+        i += 2
+        target = new_path or old_path
+        if target is None:
+            raise TreeError(f"patch line {i - 1}: both sides are /dev/null")
+        if old_path is None:
+            if target in out:
+                raise TreeError(f"patch creates {target}, which already exists")
+            text: list[str] = []
+        else:
+            if old_path not in out:
+                raise TreeError(f"patch changes {old_path}, which does not exist")
+            text = out[old_path].decode("utf-8", "surrogateescape").splitlines(keepends=True)
+        hunks = []
+        while i < len(lines) and lines[i].startswith("@@"):
+            hunk, i = _read_hunk(lines, i)
+            hunks.append(hunk)
+        if not hunks:
+            raise TreeError(f"patch for {target}: no hunks")
+        offset = 0
+        for start, old, new in hunks:
+            at = _find(text, old, start - 1 + offset if old else start + offset, target)
+            text[at:at + len(old)] = new
+            offset += len(new) - len(old)
+        touched += 1
+        if new_path is None:
+            if text:
+                raise TreeError(f"patch deletes {old_path} but leaves lines in it")
+            del out[target]
+        else:
+            if old_path is not None and old_path != new_path:
+                raise TreeError(f"patch renames {old_path} to {new_path}; send a deletion "
+                                "and a creation instead")
+            out[target] = "".join(text).encode("utf-8", "surrogateescape")
+    if not touched:
+        raise TreeError("the patch changes no file (no '--- a/...' / '+++ b/...' header "
+                        "followed by hunks); send a unified diff")
+    return out
+
+
+def _patch_path(header: str, lineno: int) -> str | None:
+    path = header.rstrip("\r\n").split("\t")[0].strip()
+    if path == "/dev/null":
+        return None
+    if path.startswith('"'):
+        try:
+            path = ast.literal_eval(path)
+        except (ValueError, SyntaxError):
+            raise TreeError(f"patch line {lineno}: bad quoted path {path!r}") from None
+    if path.startswith(("a/", "b/")):
+        path = path[2:]
+    return clean_path(path)
+
+
+def _read_hunk(lines: list[str], i: int) -> tuple[tuple[int, list[str], list[str]], int]:
+    m = _HUNK.match(lines[i])
+    if not m:
+        raise TreeError(f"patch line {i + 1}: bad hunk header {lines[i].strip()!r}")
+    old_start = int(m.group(1))
+    old_n = int(m.group(2)) if m.group(2) is not None else 1
+    new_n = int(m.group(4)) if m.group(4) is not None else 1
+    i += 1
+    old: list[str] = []
+    new: list[str] = []
+    while i < len(lines) and (len(old) < old_n or len(new) < new_n):
+        line = lines[i]
+        kind, body = line[:1], line[1:]
+        if line in ("\n", "\r\n"):  # an empty context line whose space was stripped
+            kind, body = " ", line
+        if kind == " ":
+            old.append(body)
+            new.append(body)
+        elif kind == "-":
+            old.append(body)
+        elif kind == "+":
+            new.append(body)
+        elif kind != "\\":
+            raise TreeError(f"patch line {i + 1}: unexpected {line.rstrip()!r} inside a "
+                            "hunk (counts in the @@ header do not match its lines)")
+        i += 1
+        while i < len(lines) and lines[i].startswith("\\"):  # "\ No newline at end of file"
+            for side, kinds in ((old, " -"), (new, " +")):
+                if kind in kinds and side:
+                    side[-1] = side[-1].rstrip("\r\n")
+            i += 1
+    if len(old) != old_n or len(new) != new_n:
+        raise TreeError(f"patch: a hunk ends early (header says -{old_n} +{new_n}, found "
+                        f"-{len(old)} +{len(new)} lines)")
+    return (old_start, old, new), i
+
+
+def _find(text: list[str], old: list[str], at: int, path: str) -> int:
+    """Where the hunk's old lines are: at `at`, else the one other place they match."""
+    at = max(0, min(at, len(text)))
+    if text[at:at + len(old)] == old:
+        return at
+    places = [k for k in range(len(text) - len(old) + 1) if text[k:k + len(old)] == old]
+    if len(places) == 1:
+        return places[0]
+    why = "nowhere" if not places else f"at {len(places)} places"
+    raise TreeError(f"patch does not apply to {path}: a hunk's context near line "
+                    f"{at + 1} matches {why}")
+
+
+# --------------------------------------------------------------------------- tests
+
+def expected_tests(path: str, source: bytes) -> list[str]:
+    """The test names a trusted test file defines statically — `path::test_x`,
+    `path::TestC::test_y` — so a test that never reports (its module was skipped, its
+    items deselected) fails instead of vanishing. A lower bound: generated tests add to
+    it, parametrised ones report as `name[...]`."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                node.name.startswith("test"):
+            names.append(f"{path}::{node.name}")
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test") and not any(
+                isinstance(s, ast.FunctionDef) and s.name == "__init__" for s in node.body):
+            names += [f"{path}::{node.name}::{s.name}" for s in node.body
+                      if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and s.name.startswith("test")]
+    return names
