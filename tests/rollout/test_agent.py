@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trialbox.errors import UsageError
-from trialbox.rollout.agent import AgentConfig, rollout
-from trialbox.rollout.policy import ScriptedPolicy
+from trialbox.rollout.agent import AgentConfig, default_prompt, rollout
+from trialbox.rollout.policy import ByteTokenizer, ScriptedPolicy
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.schedule.lease import DirectLeaser
 from trialbox.types import Outcome, Task, TaskKind, TestCase
@@ -103,3 +103,119 @@ def test_bad_input(runner):
         runner.run(rollout(ScriptedPolicy([RIGHT]), [SQUARE],
                            config=AgentConfig(max_new_tokens=5, max_context_tokens=20),
                            pool=runner.pool))
+
+
+ADD = Task(
+    task_id="add", kind=TaskKind.STDIO, prompt="Read two integers; print their sum.",
+    visible_tests=(TestCase("v", stdin=b"2 3\n", expected=b"5\n"),),
+    hidden_tests=(TestCase("h", stdin=b"4242 1\n", expected=b"4243\n"),))
+
+
+def test_stdio_episode_and_turn_penalty(runner):
+    wrong = "```python\na, b = map(int, input().split())\nprint(a * b)\n```"
+    right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    policy = ScriptedPolicy([wrong, right])
+    cfg = AgentConfig(max_new_tokens=400, turn_penalty=0.25)
+    [tr] = runner.run(rollout(policy, [ADD], max_turns=3, config=cfg, pool=runner.pool,
+                              leaser=leaser_on(runner.pool))).trajectories
+    assert tr.passed and tr.reward == pytest.approx(0.75)  # 1.0 - 0.25 for one more turn
+    fb = tr.turns[0].feedback_text
+    assert "expected b'5\\n', got b'6\\n'" in fb
+    seen = "\n".join(policy.prompts_seen + [fb])
+    assert "4242" not in seen and "4243" not in seen
+
+
+def test_sandbox_is_parked_while_the_policy_generates(runner):
+    opened: list[NamespaceSandbox] = []
+    checks: list[bool] = []
+
+    async def opener(limits):
+        sb = await NamespaceSandbox.open(runner.pool, limits)
+        opened.append(sb)
+        return sb
+
+    def look(prompts):
+        # Every session of every episode holds no cell while the "model" thinks.
+        checks.append(bool(opened) and all(sb.parked for sb in opened))
+
+    policy = ScriptedPolicy([WRONG, WRONG, RIGHT], on_generate=look)
+    batch = runner.run(rollout(policy, [SQUARE], group_size=2, max_turns=3, config=FAST,
+                               pool=runner.pool, leaser=DirectLeaser(opener)))
+    assert [t.passed for t in batch.trajectories] == [True, True]
+    assert len(opened) == 2 and checks == [False, True, True], \
+        "no session before turn 1; both parked during turns 2 and 3"
+    assert all(sb.closed for sb in opened), "sessions close when the episodes end"
+
+
+def test_infrastructure_failure_gives_reward_none(runner):
+    from trialbox.errors import SandboxStartError
+
+    async def broken(limits):
+        raise SandboxStartError("no cell could be started (test)")
+
+    leaser = DirectLeaser(broken)
+    batch = runner.run(rollout(ScriptedPolicy([RIGHT]), [SQUARE], group_size=2,
+                               max_turns=3, config=FAST, pool=runner.pool, leaser=leaser))
+    for tr in batch.trajectories:
+        assert tr.reward is None and tr.stop_reason == "infra" and not tr.passed
+        assert len(tr.turns) == 1 and "no cell could be started" in tr.turns[0].exec_summary
+    assert batch.stats.excluded == 2
+
+
+def test_a_dead_policy_ends_the_rollout_and_releases_everything(runner):
+    from trialbox.errors import InfraError
+    from tests.sandbox.conftest import no_leaks
+
+    class Dies(ScriptedPolicy):
+        async def generate(self, prompts, **kw):
+            if self.calls:
+                raise InfraError("model server gone (test)")
+            return await super().generate(prompts, **kw)
+
+    leaser = leaser_on(runner.pool)
+    with pytest.raises(InfraError, match="model server gone"):
+        runner.run(rollout(Dies([WRONG]), [SQUARE], group_size=2, max_turns=3,
+                           config=FAST, pool=runner.pool, leaser=leaser))
+    assert leaser.open_sessions == 0 and leaser.stats.sessions_closed == 2
+    no_leaks(runner)
+
+
+def test_no_code_then_code_and_a_full_context(runner):
+    policy = ScriptedPolicy(["  \n", RIGHT])
+    [tr] = runner.run(rollout(policy, [SQUARE], max_turns=2, config=FAST,
+                              pool=runner.pool, leaser=leaser_on(runner.pool))).trajectories
+    assert tr.turns[0].code is None and tr.turns[0].exec_status is None
+    assert "No code found" in tr.turns[0].feedback_text and tr.passed
+    # A context with no room for the feedback ends the episode on that turn's grade.
+    prompt_len = len(policy.tokenizer.encode(default_prompt(SQUARE)))
+    cfg = AgentConfig(max_new_tokens=60, max_context_tokens=prompt_len + 80)
+    [tr] = runner.run(rollout(ScriptedPolicy([WRONG]), [SQUARE], max_turns=3, config=cfg,
+                              pool=runner.pool, leaser=leaser_on(runner.pool))).trajectories
+    assert tr.stop_reason == "context" and len(tr.turns) == 1 and tr.reward == 0.0
+    assert tr.turns[0].feedback_ids == () and len(tr.token_ids) <= prompt_len + 80
+
+
+def test_hf_policy_episodes_keep_exact_logprobs_across_turns(runner):
+    """A real (tiny, random) model in the loop: every model token's old log-prob equals
+    a recomputation by one forward pass over the whole multi-turn sequence — the
+    context each turn was sampled from is exactly the trajectory's prefix."""
+    import torch
+    from transformers import GPT2Config
+
+    from trialbox.rollout.hf_policy import HFPolicy, sequence_logprobs
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=258, n_positions=1024, n_embd=32, n_layer=2, n_head=2,
+                     eos_token_id=256, bos_token_id=256)
+    policy = HFPolicy.from_config(cfg, ByteTokenizer(), seed=0)
+    agent = AgentConfig(max_new_tokens=12, max_context_tokens=1000, temperature=0.9)
+    batch = runner.run(rollout(policy, [SQUARE], group_size=2, max_turns=2, config=agent,
+                               pool=runner.pool, leaser=leaser_on(runner.pool)))
+    assert batch.stats.gen_calls == 2 and batch.stats.batch_sizes == [2, 2]
+    for tr in batch.trajectories:
+        assert len(tr.turns) == 2 and tr.reward == 0.0  # random bytes do not pass
+        policy.model.eval()  # from_config leaves it in train mode (dropout on)
+        ref = sequence_logprobs(policy.model, tr.token_ids[:1], tr.token_ids[1:], 0.9)
+        got = [lp for lp, m in zip(tr.old_logprobs[1:], tr.loss_mask[1:], strict=True) if m]
+        want = [lp for lp, m in zip(ref, tr.loss_mask[1:], strict=True) if m]
+        assert len(got) == tr.n_model_tokens and got == pytest.approx(want, abs=2e-4)
