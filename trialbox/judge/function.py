@@ -25,6 +25,7 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
@@ -123,6 +124,104 @@ async def open_harness(pool: CellPool, config: JudgeConfig | None = None) -> Nam
     return harness
 
 
+class _HarnessServer:
+    """The trusted harness as a server in a shared harness session (harness_program's
+    `serve()`): one sandbox run for many judgements, each job in a child it forks.
+    Compared with a sandbox run per job it saves the run's set-up (user namespace,
+    seccomp, rlimits, status records, cgroup reads) on every attempt. Created lazily
+    for a session from `open_harness`; a server that dies is started again."""
+
+    def __init__(self, sb: NamespaceSandbox, config: JudgeConfig):
+        # weakly: the registry below is keyed by the session and must not keep it alive
+        self._sb = weakref.ref(sb)
+        self.config = config
+        self.ctl: socket.socket | None = None
+        self.run: asyncio.Future[ExecResult] | None = None
+        self.seq = 0
+
+    @property
+    def sb(self) -> NamespaceSandbox:
+        sb = self._sb()
+        if sb is None:
+            raise UsageError("the harness session of this server is gone")
+        return sb
+
+    @property
+    def alive(self) -> bool:
+        return self.ctl is not None and self.run is not None and not self.run.done()
+
+    def _start(self) -> None:
+        self.shutdown()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        self.ctl = ours
+        # The server lives as long as the session: its own wall and CPU limits are the
+        # caps; each job's time is bounded by the deadline the server enforces.
+        limits = replace(self.config.harness_limits, wall_s=86400, cpu_s=86400)
+        self.run = asyncio.ensure_future(self.sb.exec(
+            ["python3", "-c", "import _trialbox_harness as m; m.serve()"],
+            limits=limits, pass_fds={3: theirs.detach()}))
+
+    def shutdown(self) -> None:
+        if self.ctl is not None:
+            self.ctl.close()  # EOF: the server returns
+            self.ctl = None
+
+    async def job(self, job: dict[str, Any], nonce: str, channel: socket.socket,
+                  deadline_s: float) -> tuple[dict[str, Any] | None, str, bool]:
+        """Run one job against the candidate on `channel` (handed over: closed here).
+        Returns (the report, why there is none, whether the machinery failed)."""
+        try:
+            if not self.alive:
+                self._start()
+            assert self.ctl is not None and self.run is not None
+            self.seq += 1
+            name = f"job-{self.seq}.json"
+            await self.sb.write_file(name, json.dumps(job).encode())
+            request = {"seq": self.seq, "job": name, "nonce": nonce,
+                       "deadline": deadline_s}
+            socket.send_fds(self.ctl, [json.dumps(request).encode()], [channel.fileno()])
+        except (OSError, UsageError) as e:
+            self.shutdown()
+            return None, f"harness server: {e}", True
+        finally:
+            channel.close()
+        loop = asyncio.get_running_loop()
+        reply_task = asyncio.ensure_future(loop.sock_recv(self.ctl, 1 << 16))
+        try:
+            waiting: set[asyncio.Future[Any]] = {reply_task, self.run}
+            done, _ = await asyncio.wait(waiting, timeout=deadline_s + 5,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not reply_task.done():
+                reply_task.cancel()
+        if reply_task not in done or not reply_task.result():
+            self.shutdown()
+            await self.sb.stop()
+            r = self.run.result() if self.run.done() else None
+            detail = f"{r.status.value}: {r.message}" if r is not None else "no reply"
+            return None, f"the harness server stopped answering ({detail})", True
+        reply = json.loads(reply_task.result())
+        if not reply.get("ok") or reply.get("seq") != self.seq:
+            return None, str(reply.get("why") or "bad reply"), False
+        try:
+            data = await self.sb.read_file(f"out-{self.seq}.json")
+            return json.loads(data), "", False
+        except (UsageError, ValueError) as e:
+            return None, f"the harness's report is unreadable: {e}", False
+
+
+_servers: weakref.WeakKeyDictionary[NamespaceSandbox, _HarnessServer] = \
+    weakref.WeakKeyDictionary()
+
+
+def _server_for(harness: NamespaceSandbox, config: JudgeConfig) -> _HarnessServer:
+    server = _servers.get(harness)
+    if server is None:
+        server = _servers[harness] = _HarnessServer(harness, config)
+    return server
+
+
 async def reference_times(task: Task, pool: CellPool, config: JudgeConfig | None = None,
                           harness: NamespaceSandbox | None = None) -> dict[str, float]:
     """Per-test times (ms, as the harness measured them) of the task's reference
@@ -177,15 +276,21 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
             return Grade(task.task_id, Outcome.FAILED, message=f"the solution could not be "
                          f"written to the candidate's workspace: {e}",
                          wall_ms=round((time.monotonic() - t0) * 1e3, 3))
-        await cand.write_file("_trialbox_codec.py", _program("codec.py"))
-        await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
-        await harness.write_file("job.json", json.dumps(job).encode())
-        # `import` finds the modules preloaded in a judge pool, else the files.
+        if not _preloaded(pool):  # else `import` finds them in the warm interpreter
+            await cand.write_file("_trialbox_codec.py", _program("codec.py"))
+            await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
         cand_run = asyncio.ensure_future(cand.exec(
             ["python3", "-c", "import _trialbox_stub as m; m.main()", task.entry_point],
             pass_fds={3: theirs.detach()}))
-        rh = await harness.exec(["python3", "-c", "import _trialbox_harness as m; m.main()"],
-                                stdin=nonce.encode(), pass_fds={3: ours.detach()})
+        if shared is not None:
+            report, why, broken = await _server_for(shared, config).job(
+                job, nonce, ours, _job_deadline(job, config))
+            rh = _server_result(report, nonce, why, broken, pool)
+        else:
+            await harness.write_file("job.json", json.dumps(job).encode())
+            rh = await harness.exec(
+                ["python3", "-c", "import _trialbox_harness as m; m.main()"],
+                stdin=nonce.encode(), pass_fds={3: ours.detach()})
         # The harness is done (or gone): nothing the candidate does now can matter.
         await cand.stop()
         rc = await cand_run
@@ -197,6 +302,31 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
             await harness.close()
     grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
     return canary_check(_with_flags(grade, task, completion, rc), task)
+
+
+def _preloaded(pool: CellPool) -> bool:
+    names = {name for name, _src in pool.config.preload_sources}
+    return {"_trialbox_codec", "_trialbox_stub"} <= names
+
+
+def _job_deadline(job: dict[str, Any], config: JudgeConfig) -> float:
+    """How long one job may take in the harness server: loading plus every test's
+    limit, plus slack for the test code's own work."""
+    per_test = sum(t["timeout"] or config.call_timeout_s for t in job["tests"])
+    return min(config.harness_limits.wall_s, config.load_timeout_s + per_test + 5.0)
+
+
+def _server_result(report: dict[str, Any] | None, nonce: str, why: str, broken: bool,
+                   pool: CellPool) -> ExecResult:
+    """The harness server's answer in the shape of a one-shot harness run, for
+    `_grade`: the report as the stdout line, a broken server as `infra`."""
+    if broken:
+        return ExecResult(ExecStatus.INFRA, message=why, runtime=pool.runtime.id)
+    if report is None:
+        return ExecResult(ExecStatus.EXIT, exit_code=1, message=why,
+                          runtime=pool.runtime.id)
+    return ExecResult(ExecStatus.OK, exit_code=0, stdout=json.dumps(report).encode(),
+                      runtime=pool.runtime.id)
 
 
 def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Grade:

@@ -2,6 +2,9 @@
 candidate's) as `python3 -c 'import _trialbox_harness as m; m.main()'`, with `job.json`
 (the task's setup and tests) beside it and fd 3 connected to the candidate's stub.
 
+`serve()` is the same, for many tasks: a server per harness session that forks a
+child per job (see its docstring) — a job then costs a fork instead of a sandbox run.
+
 It runs the task's test code with `candidate` bound to a proxy: calling it sends the
 arguments as plain data to the candidate process and returns the decoded plain-data
 answer. Each test is one statement; it passes only if it runs here without raising.
@@ -14,6 +17,8 @@ Standalone: imports nothing from trialbox (it is copied into the sandbox).
 import json
 import os
 import select
+import signal
+import socket
 import struct
 import sys
 import time
@@ -103,11 +108,9 @@ class TestDataError(Exception):
     """The task's own test code is broken (not the candidate's fault)."""
 
 
-def main():
-    nonce = sys.stdin.read().strip()
-    with open("/workspace/job.json") as f:
-        job = json.load(f)
-    chan = _Channel(CHANNEL, job["call_timeout"])
+def run_job(job, nonce, channel_fd):
+    """Run one task's tests against the candidate on `channel_fd`; the report dict."""
+    chan = _Channel(channel_fd, job["call_timeout"])
     out = {"nonce": nonce, "load": "", "setup_error": "", "results": []}
     try:
         _, kind, value = chan.recv(time.monotonic() + job["load_timeout"])
@@ -148,8 +151,73 @@ def main():
         out["results"].append({"name": test["name"], "passed": passed,
                                "message": message[:1000],
                                "ms": round((time.monotonic() - t0) * 1000, 3)})
-    sys.stdout.write(json.dumps(out) + "\n")
+    return out
+
+
+def main():
+    """One job: the nonce on stdin, the job in job.json, the candidate on fd 3; the
+    report printed as one JSON line."""
+    nonce = sys.stdin.read().strip()
+    with open("/workspace/job.json") as f:
+        job = json.load(f)
+    sys.stdout.write(json.dumps(run_job(job, nonce, CHANNEL)) + "\n")
     sys.stdout.flush()
+
+
+def serve():
+    """Many jobs, one after another, each in a child forked for it (so nothing one
+    task's test code does reaches the next, and a hung job is killed on its deadline).
+
+    Control socket (SOCK_SEQPACKET) on fd 3. Request: {"seq", "job" (a file in the
+    workspace), "nonce", "deadline" (s)} with the candidate's channel passed as an fd.
+    The child writes its report to out-SEQ.json (atomically) and exits; then the reply
+    {"seq", "ok": bool, "why": str}. EOF on the control socket ends the server."""
+    ctl = socket.socket(fileno=CHANNEL)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 4)
+        except OSError:
+            return
+        if not data:
+            return
+        req = json.loads(data)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            ctl.send(json.dumps({"seq": req.get("seq"), "ok": False,
+                                 "why": "no candidate channel with the request"}).encode())
+            continue
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                ctl.close()
+                os.dup2(devnull, 1)  # test code's prints must not fill the server's pipe
+                os.dup2(devnull, 2)
+                with open(req["job"]) as f:
+                    job = json.load(f)
+                out = run_job(job, req["nonce"], fds[0])
+                tmp = "out-%d.tmp" % req["seq"]
+                with open(tmp, "w") as f:
+                    f.write(json.dumps(out))
+                os.rename(tmp, "out-%d.json" % req["seq"])
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(fds[0])  # the child has it: EOF for the candidate when the child ends
+        why = ""
+        pidfd = os.pidfd_open(pid)
+        try:
+            if not select.select([pidfd], [], [], req["deadline"])[0]:
+                os.kill(pid, signal.SIGKILL)
+                why = "the test job ran past its %.1f s deadline" % req["deadline"]
+            _, status = os.waitpid(pid, 0)
+        finally:
+            os.close(pidfd)
+        if not why and status != 0:
+            why = "the test job crashed (wait status %d)" % status
+        ctl.send(json.dumps({"seq": req["seq"], "ok": not why, "why": why}).encode())
 
 
 if __name__ == "__main__":

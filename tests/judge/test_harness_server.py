@@ -1,0 +1,86 @@
+"""The harness server: a shared harness session runs one trusted server that forks a
+child per judgement. Jobs are isolated from each other, a hung job is killed on its
+deadline (graded as a broken test, not a wrong answer), and a server that dies is an
+infrastructure failure: retried, never scored."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.judge.test_function import FAST
+from trialbox.judge.function import _servers, judge_function, open_harness
+from trialbox.types import Outcome, Task, TaskKind, TestCase
+
+PROMPT = "def add(a, b):\n"
+GOOD = "    return a + b\n"
+
+
+def task(*tests: str, setup: str = "") -> Task:
+    return Task("t/add", TaskKind.FUNCTION, PROMPT, entry_point="add", test_setup=setup,
+                hidden_tests=tuple(TestCase(f"test_{i}", code) for i, code in
+                                   enumerate(tests)))
+
+
+def test_one_server_serves_many_jobs_and_jobs_do_not_share_state(runner):
+    """Test code that changes module state in one job does not see it in the next: each
+    job runs in a fresh child of the server."""
+    leaky = task("import json; json.leaked = getattr(json, 'leaked', 0) + 1",
+                 "import json; assert json.leaked == 1, json.leaked",
+                 "assert candidate(2, 3) == 5")
+
+    async def body():
+        harness = await open_harness(runner.pool, FAST)
+        try:
+            grades = [await judge_function(leaky, GOOD, runner.pool, FAST, harness)
+                      for _ in range(4)]
+            server = _servers[harness]
+            return grades, server.seq, server.alive
+        finally:
+            await harness.close()
+    grades, seq, alive = runner.run(body())
+    assert [g.outcome for g in grades] == [Outcome.PASSED] * 4, [g.message for g in grades]
+    assert seq == 4 and alive  # one server, four jobs
+    runner.assert_no_leaks()
+
+
+def test_a_hung_test_job_is_killed_and_the_server_goes_on(runner):
+    """A job past its deadline (here: test code that never returns) is killed; the grade
+    says the harness produced no result (a broken task, excluded), and the next job on
+    the same server is graded normally."""
+    hung = task("while True: pass")
+    ok = task("assert candidate(1, 1) == 2")
+    config = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
+
+    async def body():
+        harness = await open_harness(runner.pool, config)
+        try:
+            g1 = await judge_function(hung, GOOD, runner.pool, config, harness)
+            g2 = await judge_function(ok, GOOD, runner.pool, config, harness)
+            return g1, g2
+        finally:
+            await harness.close()
+    g1, g2 = runner.run(body())
+    assert g1.outcome is Outcome.ERROR and "deadline" in g1.message, g1.message
+    assert g2.outcome is Outcome.PASSED, g2.message
+    runner.assert_no_leaks()
+
+
+def test_a_server_killed_mid_job_is_infra_and_retried(runner):
+    """Kill the harness session's server while it runs a job: that attempt is an
+    infrastructure failure, retried on a new server; the grade passes on the retry."""
+    slow = task("import time; time.sleep(1.0)", "assert candidate(2, 2) == 4")
+
+    async def body():
+        harness = await open_harness(runner.pool, FAST)
+        try:
+            judging = asyncio.ensure_future(
+                judge_function(slow, GOOD, runner.pool, FAST, harness))
+            await asyncio.sleep(0.5)
+            await harness.stop()  # kills the server and its job
+            return await judging
+        finally:
+            await harness.close()
+    g = runner.run(body())
+    assert g.outcome is Outcome.PASSED and g.attempts == 2, (g.outcome, g.message,
+                                                             g.attempts)
+    runner.assert_no_leaks()
