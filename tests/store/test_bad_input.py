@@ -55,7 +55,7 @@ BAD_ROWS = [
      ["'test'", "2 times", "lines 1, 3"]),
     ({**GOOD_FN, "test": "def check(candidate):\n    candidate(1)\n    assert True\n"},
      ["'test'", "asserts nothing"]),
-    ({**GOOD_FN, "kind": "repository"}, ["'kind'", "'repository'", "'function', 'stdio' or 'repo'"]),
+    ({**GOOD_FN, "kind": "repos"}, ["'kind'", "'repos'", "'function', 'stdio' or 'repo'"]),
     ({**GOOD_IO, "kind": "stdin"}, ["'kind'", "unknown kind 'stdin'"]),
     (drop(GOOD_IO, "tests"), ["task 's/1'", "'tests'", "non-empty array", "missing"]),
     ({**GOOD_IO, "tests": []}, ["'tests'", "an empty array"]),
