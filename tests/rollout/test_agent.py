@@ -93,6 +93,23 @@ def test_compile_error_feedback_and_group_batching(runner):
     assert policy.calls == [3, 3]
 
 
+def test_judge_only_mode_still_explains_a_compile_error(runner):
+    broken = "```python\ndef square(x)\n    return x * x\n```"
+    opened = []
+
+    async def opener(limits):
+        opened.append(limits)
+        return await NamespaceSandbox.open(runner.pool, limits)
+
+    cfg = AgentConfig(max_new_tokens=400, execute=False)
+    [tr] = runner.run(rollout(ScriptedPolicy([broken, RIGHT]), [SQUARE], max_turns=2,
+                              config=cfg, pool=runner.pool,
+                              leaser=DirectLeaser(opener))).trajectories
+    assert tr.passed and tr.turns[0].exec_status is None and opened == []
+    fb = tr.turns[0].feedback_text
+    assert "SyntaxError" in fb and "Running your code" not in fb
+
+
 def test_bad_input(runner):
     with pytest.raises(UsageError, match="group_size"):
         runner.run(rollout(ScriptedPolicy([RIGHT]), [SQUARE], group_size=0,

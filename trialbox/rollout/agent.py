@@ -77,6 +77,9 @@ class AgentConfig:
     """How the judge's grade becomes a reward (binary by default)."""
     language: str = "python"
     """Language of stdio tasks' programs (function tasks are Python)."""
+    execute: bool = True
+    """Also run the code in the episode's own session (its stderr becomes feedback).
+    False: the judge alone decides and informs (one sandbox run fewer per turn)."""
     exec_limits: Limits = field(default_factory=lambda: Limits(
         wall_s=5, cpu_s=5, memory_mb=256, disk_mb=32, pids=32))
     """Limits of the run in the episode's own session (the judge has its own)."""
@@ -175,7 +178,7 @@ class RolloutBatch:
 # --------------------------------------------------------------------------- text
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
-_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n")
 
 
 def extract_code(text: str) -> tuple[str | None, str]:
@@ -183,10 +186,10 @@ def extract_code(text: str) -> tuple[str | None, str]:
 
     * "fenced": the last complete ```python (or ```py, or bare ```) block; or, when a
       block was opened but never closed (the model ran out of tokens), what follows
-      the opening fence;
+      the opening fence (```python anywhere, or a bare ``` with nothing before it);
     * "raw": no fence at all — the whole output is taken as code (a completion-style
-      model continuing the prompt); a lone closing fence ends the raw code (a prompt
-      that itself opened the block);
+      model continuing the prompt); a lone bare fence after some code ends the raw
+      code (it closes a block the prompt itself opened);
     * (None, ""): nothing but whitespace.
 
     >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
@@ -195,11 +198,13 @@ def extract_code(text: str) -> tuple[str | None, str]:
     ('    return x + 1\\n', 'raw')
     """
     blocks = _FENCE.findall(text)
+    m = _OPEN_FENCE.search(text)
     if blocks:
         code, source = blocks[-1], "fenced"
-    elif (m := _OPEN_FENCE.search(text)) is not None:
+    elif m is not None and (m.group(1) or not text[:m.start()].strip()):
+        # ```python opens a block; so does a bare ``` with nothing before it.
         code, source = text[m.end():], "fenced"
-    elif "```" in text:
+    elif "```" in text:  # a bare fence after code closes a block the prompt opened
         code, source = text[:text.index("```")], "raw"
     else:
         code, source = text, "raw"
@@ -284,11 +289,15 @@ def feedback_report(task: Task, code: str | None, run: ExecResult | None,
                          f"({', '.join(grade.flags)}).")
         elif failed and not lines:
             lines.append(f"Visible tests failed: {len(failed)} of {len(visible)}")
-            for t in failed[:5]:
-                what = code_of.get(t.name) or t.name
-                lines.append(f"- {clip(what, 200)}: {clip(t.message or 'failed', 300)}")
-            if len(failed) > 5:
-                lines.append(f"- … and {len(failed) - 5} more")
+            messages = {t.message for t in failed}
+            if len(failed) > 1 and len(messages) == 1:  # e.g. the solution did not load
+                lines.append(f"- all of them: {clip(messages.pop() or 'failed', 600)}")
+            else:
+                for t in failed[:5]:
+                    what = code_of.get(t.name) or t.name
+                    lines.append(f"- {clip(what, 200)}: {clip(t.message or 'failed', 300)}")
+                if len(failed) > 5:
+                    lines.append(f"- … and {len(failed) - 5} more")
         elif failed:
             lines.append(f"Visible tests failed: {len(failed)} of {len(visible)}.")
         elif not grade.passed:
@@ -481,9 +490,11 @@ async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
         try:
             if code is None:
                 return None, await _judge(env, task, "")
-            run, grade = await asyncio.gather(
-                _run_in_session(env, episode_id, task, code),
-                _judge(env, task, _completion(code, code_from)))
+            completion = _completion(code, code_from)
+            if not env.cfg.execute:
+                return None, await _judge(env, task, completion)
+            run, grade = await asyncio.gather(_run_in_session(env, episode_id, task, code),
+                                              _judge(env, task, completion))
             return run, grade
         finally:
             env.busy.leave()
