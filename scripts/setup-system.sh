@@ -10,6 +10,9 @@ need=()
 [ -x /usr/bin/gcc ] || need+=(gcc)
 [ -x /usr/bin/g++ ] || need+=(g++)
 [ -x /usr/bin/bwrap ] || need+=(bubblewrap)
+#   chromium — the headless browser the dashboard's end-to-end test drives (Playwright
+#              cannot download its own here)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 [ -f /usr/lib/python3/dist-packages/pytest/__init__.py ] || need+=(python3-pytest)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -10,34 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.telemetry.serving import dashboard_app, serve
+from tests.telemetry.serving import dashboard_app, make_queue, serve
 from trialbox import telemetry
 from trialbox.errors import UsageError
-from trialbox.judge.audit import ReviewQueue, select_for_review
 from trialbox.service.dashboard import DashboardConfig
 from trialbox.types import Grade, Outcome
-
-
-def graded_rows(n: int = 20) -> list[dict[str, Any]]:
-    """Rows shaped like `trialbox eval` output, plus the code a rollout would carry."""
-    rows = []
-    for i in range(n):
-        passed = i % 3 != 0
-        rows.append({
-            "task_id": "HumanEval/0", "passed": passed, "reward": 1.0 if passed else 0.0,
-            "outcome": "passed" if passed else "failed", "message": "" if passed else
-            "test 1: assertion failed", "flags": ["exit-hook"] if i == 4 else [],
-            "tests": [{"name": "test 1", "passed": passed, "message": "", "ms": 0.4,
-                       "hidden": True}],
-            "turns": [{"code": f"    return {i} > 0\n", "stdout": "", "stderr": "",
-                       "status": "ok"}]})
-    return rows
-
-
-def make_queue(path: Path, run_id: str = "run-a") -> None:
-    rows = graded_rows()
-    with ReviewQueue(path) as q:
-        q.add(run_id, rows, select_for_review(rows, fraction=0.25, seed=1))
 
 
 @pytest.fixture

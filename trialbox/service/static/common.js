@@ -45,10 +45,10 @@ export function traceHref(traceId, template) {
 }
 
 // A uPlot chart that keeps its instance across renders (uPlot is a global script).
-export function makeChart(el, title, seriesDefs, data, height = 180) {
+export function makeChart(el, title, seriesDefs, data, yRange = null, height = 180) {
   const opts = {
     title, width: Math.max(300, el.clientWidth - 4), height,
-    scales: { x: { time: true } },
+    scales: { x: { time: true }, y: yRange ? { range: yRange } : {} },
     series: [{}, ...seriesDefs],
     axes: [{}, { size: 50 }],
   };

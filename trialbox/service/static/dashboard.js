@@ -5,12 +5,12 @@ import { Header, ago, fmt, getJSON, makeChart, pct, traceHref } from "/static/co
 
 const STATES = ["queued", "admitted", "running", "grading", "done", "failed", "excluded"];
 
-function Chart({ title, series, data }) {
+function Chart({ title, series, data, yRange }) {
   const el = useRef(null);
   const chart = useRef(null);
   useEffect(() => {
     if (!el.current) return;
-    if (!chart.current) chart.current = makeChart(el.current, title, series, data);
+    if (!chart.current) chart.current = makeChart(el.current, title, series, data, yRange);
     else chart.current.setData(data);
   });
   return html`<div ref=${el}></div>`;
@@ -103,7 +103,7 @@ function App() {
       <div class="card"><h2>Run latency p50 (ms)</h2><${Chart} title="" data=${[s.t, s.exec_p50_ms]}
         series=${[{ label: "p50 ms", stroke: "#b26a00" }]} /></div>
       <div class="card"><h2>Reward over time (mean, quartiles)</h2><${Chart} title="" data=${[s.t, s.reward_mean, s.reward_p25, s.reward_p75]}
-        series=${[{ label: "mean", stroke: "#2f5bea", width: 2 }, { label: "p25", stroke: "#9db0f5" }, { label: "p75", stroke: "#9db0f5" }]} /></div>
+        yRange=${[0, 1]} series=${[{ label: "mean", stroke: "#2f5bea", width: 2, points: { show: true } }, { label: "p25", stroke: "#9db0f5" }, { label: "p75", stroke: "#9db0f5" }]} /></div>
       <div class="card"><h2>Reward distribution (last ${d.window_s} s)</h2><${Histogram} counts=${d.reward_histogram} /></div>
     </div>
     <div class="wide">
