@@ -1,0 +1,272 @@
+"""The training run's configuration: one dataclass per component, read from TOML.
+
+    [run]     seed, out_dir, device, threads, resume, checkpoint_every
+    [model]   path (a saved model) or the shape of a fresh one (n_layer, n_embd, …)
+    [sft]     the supervised warm start (steps = 0 skips it)
+    [grpo]    the policy-gradient phase
+    [rollout] the agent loop (turns, tokens, temperature, concurrency)
+    [eval]    held-out pass@1 before and after
+
+    config = load_config("configs/demo.toml")     # trialbox train configs/demo.toml
+
+Every problem is a UsageError naming the field to change: an unknown section or key
+(a typo must not silently fall back to a default), a wrong type, a size that does not
+fit another (prompt + turns beyond the model's positions, a micro-batch that does not
+divide the batch).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
+
+from trialbox.errors import UsageError
+from trialbox.train.losses import Advantage, Aggregation
+from trialbox.train.model import ModelConfig
+from trialbox.train.sft import SFTConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how the run happens."""
+
+    seed: int = 0
+    """Seeds the model's initialisation, the task stream and sampling."""
+    out_dir: str = "runs/train"
+    """Checkpoints, metrics.jsonl, TensorBoard events, the reward curve."""
+    device: str = "cpu"
+    """`cpu`, `cuda` or `cuda:N` (an error when CUDA is asked for but absent)."""
+    threads: int = 0
+    """torch CPU threads (0: leave torch's default)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in out_dir (an error when there is none)."""
+    checkpoint_every: int = 10
+    """GRPO steps between checkpoints (the last step is always saved)."""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """The policy: a saved model (`path`) or a fresh one of the given shape."""
+
+    path: str = ""
+    """A directory written by save_model / a checkpoint; empty: build from `shape`."""
+    shape: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The policy-gradient phase (GRPO / Dr. GRPO over multi-turn episodes)."""
+
+    steps: int = 30
+    """Rollout + update rounds."""
+    tasks_per_step: int = 16
+    """Distinct tasks per round."""
+    group_size: int = 8
+    """Episodes per task; advantages are normalised within each task's group."""
+    lr: float = 2e-4
+    """AdamW learning rate (constant)."""
+    epochs: int = 1
+    """Passes over each round's trajectories (>1 makes the ratio clip matter)."""
+    micro_batch: int = 32
+    """Trajectories per forward/backward (gradients accumulate over the round)."""
+    clip_eps_low: float = 0.2
+    """Ratio clip below 1."""
+    clip_eps_high: float = 0.28
+    """Ratio clip above 1 (DAPO's clip-higher keeps exploration alive)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the frozen starting policy (0: no reference)."""
+    advantage: Advantage = Advantage.GRPO
+    """GRPO (std-normalised) or DR_GRPO (centred only)."""
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    """token_mean, seq_mean or seq_sum (Dr. GRPO)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping."""
+    max_bad_steps: int = 3
+    """Non-finite losses in a row before the run stops (each one is skipped)."""
+
+    def __post_init__(self) -> None:
+        for name in ("tasks_per_step", "group_size", "epochs", "micro_batch",
+                     "max_bad_steps"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"[grpo] {name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 0:
+            raise UsageError(f"[grpo] steps must be >= 0, got {self.steps}")
+        if self.group_size < 2:
+            raise UsageError("[grpo] group_size must be >= 2: a group of one has no "
+                             "baseline, so every advantage would be 0")
+        if not self.lr > 0 or not self.max_grad_norm > 0:
+            raise UsageError("[grpo] lr and max_grad_norm must be > 0")
+        if not (0 < self.clip_eps_low < 1 and self.clip_eps_high > 0):
+            raise UsageError("[grpo] clip_eps_low must be in (0, 1), clip_eps_high > 0")
+        if self.kl_coef < 0:
+            raise UsageError(f"[grpo] kl_coef must be >= 0, got {self.kl_coef}")
+
+    @property
+    def batch(self) -> int:
+        """Trajectories per round."""
+        return self.tasks_per_step * self.group_size
+
+
+@dataclass(frozen=True)
+class RolloutSection:
+    """The agent loop during training."""
+
+    max_turns: int = 2
+    """Model turns per episode (feedback from the visible tests between turns)."""
+    max_new_tokens: int = 24
+    """Tokens per turn."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (log-probs are recomputed at it)."""
+    turn_penalty: float = 0.5
+    """Reward lost per extra turn: a first-turn pass is worth more."""
+    env_workers: int = 4
+    """Turns judged at once."""
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    """Held-out pass@1 (unseen programs, the real judge)."""
+
+    tasks: int = 200
+    """Held-out tasks."""
+    temperature: float = 0.0
+    """0: greedy, one sample per task (pass@1 of the model's best answer)."""
+    seed: int = 12345
+    """Held-out task seed (fixed: every run is measured on the same tasks)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    def __post_init__(self) -> None:
+        if self.grpo.batch % self.grpo.micro_batch and self.grpo.micro_batch < self.grpo.batch:
+            raise UsageError(
+                f"[grpo] micro_batch={self.grpo.micro_batch} must divide tasks_per_step x "
+                f"group_size = {self.grpo.batch}; change micro_batch")
+        # The longest demo prompt is ~110 bytes; each turn adds its output and ~40 bytes
+        # of feedback. It must fit the model's learned positions.
+        need = 120 + self.rollout.max_turns * (self.rollout.max_new_tokens + 40)
+        positions = self.model.shape.n_positions
+        if not self.model.path and need > positions:
+            raise UsageError(
+                f"[rollout] max_turns={self.rollout.max_turns} x max_new_tokens="
+                f"{self.rollout.max_new_tokens} needs ~{need} positions but [model] "
+                f"n_positions={positions}; raise n_positions or lower them")
+        if self.rollout.max_turns < 1 or self.rollout.max_new_tokens < 1 \
+                or self.rollout.env_workers < 1:
+            raise UsageError("[rollout] max_turns, max_new_tokens and env_workers must be "
+                             ">= 1")
+        if self.run.checkpoint_every < 1:
+            raise UsageError("[run] checkpoint_every must be >= 1")
+
+    @property
+    def positions(self) -> int:
+        return self.model.shape.n_positions
+
+
+T = TypeVar("T")
+
+
+def _section(cls: type[T], table: Any, where: str) -> T:
+    if not isinstance(table, dict):
+        raise UsageError(f"[{where}] must be a table")
+    known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in known:
+            raise UsageError(f"[{where}] unknown key {key!r}; known keys: "
+                             f"{', '.join(sorted(known))}")
+        default = getattr(cls(), key)
+        values[key] = _coerce(value, default, f"[{where}] {key}")
+    try:
+        return cls(**values)
+    except TypeError as e:
+        raise UsageError(f"[{where}]: {e}") from e
+
+
+def _coerce(value: Any, default: Any, where: str) -> Any:
+    if isinstance(default, enum.Enum):
+        choices = [m.value for m in type(default)]
+        if value not in choices:
+            raise UsageError(f"{where} = {value!r}: use one of {', '.join(choices)}")
+        return type(default)(value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise UsageError(f"{where} must be true or false, got {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{where} must be an integer, got {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise UsageError(f"{where} must be a string, got {value!r}")
+        return value
+    raise UsageError(f"{where}: unsupported value {value!r}")
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from parsed TOML (see the module docstring for the sections)."""
+    sections = {"run", "model", "sft", "grpo", "rollout", "eval"}
+    for key in data:
+        if key not in sections:
+            raise UsageError(f"unknown section [{key}]; known sections: "
+                             f"{', '.join(sorted(sections))}")
+    model_table = dict(data.get("model", {}))
+    path = model_table.pop("path", "")
+    if not isinstance(path, str):
+        raise UsageError("[model] path must be a string")
+    if path and not os.path.isdir(path):
+        raise UsageError(f"[model] path {path!r} does not exist or is not a directory; "
+                         "give a directory written by save_model, or remove path to build "
+                         "a fresh model")
+    try:
+        return TrainConfig(
+            run=_section(RunConfig, data.get("run", {}), "run"),
+            model=ModelSection(path=path, shape=_section(ModelConfig, model_table, "model")),
+            sft=_section(SFTConfig, data.get("sft", {}), "sft"),
+            grpo=_section(GRPOConfig, data.get("grpo", {}), "grpo"),
+            rollout=_section(RolloutSection, data.get("rollout", {}), "rollout"),
+            eval=_section(EvalSection, data.get("eval", {}), "eval"))
+    except UsageError as e:
+        msg = str(e)
+        if msg.startswith("model."):
+            msg = "[model] " + msg[len("model."):]
+        elif msg.startswith("sft."):
+            msg = "[sft] " + msg[len("sft."):]
+        raise UsageError(msg) from e
+
+
+def load_config(path: str, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a TOML file; `overrides` ({"run": {"seed": 3}}) are merged over it."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError as e:
+        raise UsageError(f"config file {path!r} does not exist") from e
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML: {e}") from e
+    for section, values in (overrides or {}).items():
+        data.setdefault(section, {}).update(values)
+    return config_from_dict(data)
+
+
+def with_changes(config: TrainConfig, **sections: dict[str, Any]) -> TrainConfig:
+    """A copy with fields of some sections changed: with_changes(c, grpo={"steps": 2})."""
+    out = config
+    for name, changes in sections.items():
+        out = replace(out, **{name: replace(getattr(out, name), **changes)})
+    return out

@@ -1,0 +1,240 @@
+"""The demo task family: write a one-line Python function from input/output examples.
+
+Each task hides a program from a small DSL (`x + k`, `x * a + b`, `abs(x - k)`,
+`max(x, k)`, `x[::-1]`, `x.upper()`, …). The prompt shows three examples; the reward
+comes from the trusted judge running six hidden tests in real sandboxes (the examples
+are also the task's visible tests, so special-casing them shows up as a gap):
+
+    def f(x):
+        # f(3) == 7; f(-2) == 2; f(0) == 4
+        return
+
+and the model completes the line (`x + 4`). Tasks are ordinary `Task`s of kind
+FUNCTION, judged like HumanEval: the completion is appended to the prompt.
+
+Splits. A *program* is a template with its constants (`x + 4`). Programs of templates
+that take a constant are split once, deterministically (by a hash of the program's
+text, independent of any seed), into train (~3/4) and held-out (~1/4): the held-out
+programs are never trained on. Templates without a constant (`x[::-1]`) appear in both
+splits with different example inputs. Task generation is seeded: the same seed gives
+the same tasks, byte for byte.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trialbox.errors import UsageError
+from trialbox.types import Task, TaskKind, TestCase
+
+ENTRY_POINT = "f"
+SHOWN = 3
+"""Examples shown in the prompt (the task's visible tests)."""
+HIDDEN = 6
+"""Hidden tests the reward is computed from."""
+
+
+class Split(enum.Enum):
+    TRAIN = "train"
+    HELDOUT = "heldout"
+
+
+@dataclass(frozen=True)
+class Program:
+    """One hidden program: its source expression and the kind of input it takes."""
+
+    expr: str
+    arg: str
+    """`int` or `str`: what the inputs are."""
+
+    @property
+    def split(self) -> Split:
+        return _split_of(self)
+
+    def __call__(self, x: object) -> object:
+        return _compiled(self.expr)(x)
+
+
+@functools.cache
+def _compiled(expr: str) -> Callable[[object], object]:
+    fn: Callable[[object], object] = eval(f"lambda x: {expr}")  # our own DSL, trusted
+    return fn
+
+
+# template, constants it takes (each a range), argument kind. Ranges are chosen so the
+# examples usually identify the program (negative inputs separate max/abs from +).
+_INT_TEMPLATES: list[tuple[str, list[range]]] = [
+    ("x + {0}", [range(1, 10)]),
+    ("x - {0}", [range(1, 10)]),
+    ("x * {0}", [range(2, 10)]),
+    ("x * {0} + {1}", [range(2, 5), range(1, 6)]),
+    ("x % {0}", [range(2, 6)]),
+    ("x // {0}", [range(2, 6)]),
+    ("abs(x - {0})", [range(1, 6)]),
+    ("max(x, {0})", [range(0, 6)]),
+    ("min(x, {0})", [range(0, 6)]),
+    ("x * x", []),
+    ("x * x + {0}", [range(1, 6)]),
+    ("-x", []),
+]
+_STR_TEMPLATES: list[tuple[str, list[range]]] = [
+    ("x.upper()", []),
+    ("x[::-1]", []),
+    ("x * 2", []),
+    ("x + x[::-1]", []),
+    ("x[0]", []),
+    ("x[-1]", []),
+    ("len(x)", []),
+    ("x[1:]", []),
+    ("x[:{0}]", [range(1, 4)]),
+    ("x + '{0}'", [range(0, 26)]),
+    ("'{0}' + x", [range(0, 26)]),
+]
+
+
+def _expand(template: str, ranges: list[range], arg: str) -> list[Program]:
+    if not ranges:
+        return [Program(template, arg)]
+    out = []
+    for values in _product(ranges):
+        shown = [string.ascii_lowercase[v] if "'{" in template else str(v)
+                 for v in values]
+        out.append(Program(template.format(*shown), arg))
+    return out
+
+
+def _product(ranges: list[range]) -> list[tuple[int, ...]]:
+    combos: list[tuple[int, ...]] = [()]
+    for r in ranges:
+        combos = [c + (v,) for c in combos for v in r]
+    return combos
+
+
+def _split_of(p: Program) -> Split:
+    if not any("{" in t and p in _expand(t, r, p.arg) for t, r in _templates(p.arg)):
+        return Split.TRAIN  # constant-free: in both splits, see the module docstring
+    h = int.from_bytes(hashlib.sha256(p.expr.encode()).digest()[:4], "big")
+    return Split.HELDOUT if h % 4 == 0 else Split.TRAIN
+
+
+def _templates(arg: str) -> list[tuple[str, list[range]]]:
+    return _INT_TEMPLATES if arg == "int" else _STR_TEMPLATES
+
+
+def all_programs() -> list[Program]:
+    progs = [p for t, r in _INT_TEMPLATES for p in _expand(t, r, "int")]
+    progs += [p for t, r in _STR_TEMPLATES for p in _expand(t, r, "str")]
+    return progs
+
+
+def programs(split: Split) -> list[Program]:
+    """The programs a split draws from (constant-free templates are in both)."""
+    out = []
+    for p in all_programs():
+        constant_free = not any("{" in t and p in _expand(t, r, p.arg)
+                                for t, r in _templates(p.arg))
+        if constant_free or p.split is split:
+            out.append(p)
+    return out
+
+
+def _inputs(rng: random.Random, arg: str, n: int) -> list[object]:
+    if arg == "int":
+        return [v for v in rng.sample(range(-5, 10), n)]
+    seen: set[str] = set()
+    while len(seen) < n:
+        seen.add("".join(rng.choice("abcdef") for _ in range(rng.randint(2, 4))))
+    return sorted(seen, key=lambda s: rng.random())
+
+
+def _identifies(program: Program, shown: list[object], hidden: list[object]) -> bool:
+    """No other program of the DSL agrees with `program` on the shown examples yet
+    differs on a hidden input (the examples pin the answer down)."""
+    want = [program(x) for x in shown]
+    truth = [program(x) for x in hidden]
+    for other in _by_arg(program.arg):
+        if other != program and [other(x) for x in shown] == want and \
+                [other(x) for x in hidden] != truth:
+            return False
+    return True
+
+
+@functools.cache
+def _by_arg(arg: str) -> tuple[Program, ...]:
+    return tuple(p for p in all_programs() if p.arg == arg)
+
+
+def make_task(program: Program, rng: random.Random, task_id: str) -> Task:
+    """A FUNCTION task for `program` with fresh example inputs drawn from `rng`."""
+    for _ in range(50):  # examples that pin the program down (almost always found)
+        xs = _inputs(rng, program.arg, SHOWN + HIDDEN)
+        shown, hidden = xs[:SHOWN], xs[SHOWN:]
+        if _identifies(program, shown, hidden):
+            break
+    examples = "; ".join(f"f({x!r}) == {program(x)!r}" for x in shown)
+    prompt = f"def f(x):\n    # {examples}\n    return "
+
+    def case(i: int, x: object, kind: str) -> TestCase:
+        return TestCase(name=f"{kind}{i}", code=f"assert candidate({x!r}) == {program(x)!r}")
+
+    return Task(task_id=task_id, kind=TaskKind.FUNCTION, prompt=prompt,
+                entry_point=ENTRY_POINT,
+                visible_tests=tuple(case(i, x, "shown") for i, x in enumerate(shown)),
+                hidden_tests=tuple(case(i, x, "hidden") for i, x in enumerate(hidden)),
+                canonical_solution=program.expr + "\n", source="trialbox-demo")
+
+
+def make_tasks(split: Split, n: int, seed: int) -> list[Task]:
+    """`n` tasks of `split`, programs drawn uniformly per template then per constant
+    (so `x + k`, with 9 constants, is not 9 times likelier than `-x`)."""
+    if n < 0:
+        raise UsageError(f"number of tasks must be >= 0, got {n}")
+    rng = random.Random(f"trialbox-demo/{split.value}/{seed}")
+    by_template: dict[str, list[Program]] = {}
+    pool = programs(split)
+    for t, r in _INT_TEMPLATES + _STR_TEMPLATES:
+        arg = "int" if (t, r) in _INT_TEMPLATES else "str"
+        mine = [p for p in _expand(t, r, arg) if p in pool]
+        if mine:
+            by_template[f"{arg}:{t}"] = mine
+    keys = sorted(by_template)
+    tasks = []
+    for i in range(n):
+        program = rng.choice(by_template[rng.choice(keys)])
+        tasks.append(make_task(program, rng, f"demo-{split.value}-{seed}-{i:05d}"))
+    return tasks
+
+
+def solution_of(task: Task) -> str:
+    """The completion the model should write (the program's expression and a newline)."""
+    return task.canonical_solution
+
+
+# --------------------------------------------------------------------------- agent I/O
+
+def render_prompt(task: Task) -> str:
+    """The demo's first prompt is the task's own prompt: the model continues the
+    `return ` line (a raw completion, which the judge appends to the prompt)."""
+    return task.prompt
+
+
+def render_feedback(report: str) -> str:
+    """Compact feedback for a byte-level model: the first failing visible test as a
+    comment, then a fresh `return ` line to complete. Built only from the agent's
+    report, which never contains hidden tests.
+
+    >>> render_feedback("Visible tests failed: 1 of 3\\n- assert candidate(2) == 4: failed")
+    '    # wrong: f(2) == 4\\n    return '
+    """
+    for line in report.splitlines():
+        line = line.strip()
+        if line.startswith("- assert candidate("):
+            what = line[2:].split(": ", 1)[0].removeprefix("assert candidate")
+            return f"    # wrong: f{what}\n    return "
+    return "    # wrong\n    return "

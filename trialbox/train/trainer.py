@@ -1,0 +1,377 @@
+"""The trainer: supervised warm start, then GRPO over multi-turn episodes judged in real
+sandboxes. `train()` reads top to bottom:
+
+    setup ─► [SFT warm start] ─► held-out pass@1 ─► for each step:
+        rollout (agent loop: generate ─► judge ─► feedback ─► …)   trialbox.rollout
+        rewards ─► group advantages (None = excluded, counted)    losses.py
+        update epochs, gradient accumulation over micro-batches   (NaN ─► step skipped)
+        log (metrics.jsonl, TensorBoard) ─► checkpoint
+    ─► held-out pass@1 again
+
+    result = asyncio.run(train(load_config("configs/demo.toml")))
+
+A run directory holds `metrics.jsonl` (one line per step, plus `eval` and `sft` lines),
+`tb/` (TensorBoard events), `checkpoint/` (model, optimizer, step; `[run] resume =
+true` continues from it) and `final/` (the trained model).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from trialbox.errors import UsageError
+from trialbox.rollout.agent import AgentConfig, RolloutBatch, rollout
+from trialbox.rollout.hf_policy import HFPolicy
+from trialbox.rollout.policy import ByteTokenizer
+from trialbox.sandbox.pool import CellPool
+from trialbox.train import demo_tasks
+from trialbox.train.config import TrainConfig
+from trialbox.train.losses import (
+    aggregate,
+    aggregate_weight,
+    clipped_pg_loss,
+    group_advantages,
+    is_finite,
+    kl_k3,
+    rewards_tensor,
+)
+from trialbox.train.model import build_model, load_model, resolve_device, save_model
+from trialbox.train.sft import sft
+from trialbox.types import Task, Trajectory
+
+Progress = Callable[[str, dict[str, Any]], None]
+"""(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop"."""
+
+
+@dataclass
+class TrainResult:
+    out_dir: str
+    steps_done: int
+    pass_before: float | None
+    pass_after: float | None
+    stopped: str = ""
+    """Why training stopped early ("" when it ran every step)."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    sft_seconds: float = 0.0
+    wall_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- plumbing
+
+def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1, (B, T) with column 0 = 0. Right-padded
+    rows, so positions are the default 0..T-1 (the same as an unpadded sequence)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # (B, T-1, V)
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:, None]).squeeze(2)
+    return torch.nn.functional.pad(logp, (1, 0))                                # (B, T)
+
+
+def batch_of(trajs: list[Trajectory], pad_id: int,
+             device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded (B, T) tensors of the trajectories' ids, attention, loss mask and
+    sampled log-probs."""
+    width = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, width), dtype=torch.long)
+    mask = torch.zeros((B, width))
+    logp_old = torch.zeros((B, width))
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float)
+        logp_old[i, :n] = torch.tensor(t.old_logprobs)
+    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask.to(device),
+            "logp_old": logp_old.to(device)}
+
+
+def train_tasks(config: TrainConfig, step: int) -> list[Task]:
+    """The tasks of one GRPO step: a function of the seed and the step (so a resumed
+    run sees the tasks it would have seen)."""
+    return demo_tasks.make_tasks(demo_tasks.Split.TRAIN, config.grpo.tasks_per_step,
+                                 seed=config.run.seed * 1_000_003 + step)
+
+
+def agent_config(config: TrainConfig, *, max_turns: int | None = None,
+                 temperature: float | None = None) -> AgentConfig:
+    """The agent loop for the demo tasks: raw completions of the `return ` line,
+    judge-only (no separate run: the visible tests' feedback says what failed)."""
+    r = config.rollout
+    return AgentConfig(
+        max_turns=max_turns or r.max_turns, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature if temperature is None else temperature,
+        stop=("\n",), max_context_tokens=config.positions, turn_penalty=r.turn_penalty,
+        execute=False, max_concurrent_env=r.env_workers,
+        render_prompt=demo_tasks.render_prompt, render_feedback=demo_tasks.render_feedback)
+
+
+async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) -> \
+        dict[str, Any]:
+    """Held-out pass@1: one single-turn sample per unseen task, graded by the judge.
+    Excluded (infra) episodes leave the denominator and are counted."""
+    tasks = demo_tasks.make_tasks(demo_tasks.Split.HELDOUT, config.eval.tasks,
+                                  config.eval.seed)
+    batch = await rollout(policy, tasks, group_size=1, pool=pool,
+                          config=agent_config(config, max_turns=1,
+                                              temperature=config.eval.temperature))
+    graded = batch.stats.episodes - batch.stats.excluded
+    return {"pass1": batch.stats.passed / graded if graded else None,
+            "passed": batch.stats.passed, "graded": graded,
+            "excluded": batch.stats.excluded, "tasks": len(tasks),
+            "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
+
+
+class _Checkpoint:
+    """out_dir/checkpoint: the model (save_pretrained), the optimizer and the trainer's
+    state, replaced atomically (written beside, then renamed)."""
+
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, "checkpoint")
+
+    def save(self, model: Any, tok: ByteTokenizer, opt: torch.optim.Optimizer,
+             state: dict[str, Any]) -> None:
+        tmp = self.path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(model, tok, tmp)
+        torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump(state, f)
+        old = self.path + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(self.path):
+            os.rename(self.path, old)
+        os.rename(tmp, self.path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def load_state(self) -> dict[str, Any]:
+        try:
+            with open(os.path.join(self.path, "state.json")) as f:
+                state: dict[str, Any] = json.load(f)
+        except FileNotFoundError as e:
+            raise UsageError(f"[run] resume = true but {self.path} holds no checkpoint; "
+                             "set resume = false to start afresh") from e
+        return state
+
+
+class _Log:
+    """metrics.jsonl and TensorBoard, side by side."""
+
+    def __init__(self, out_dir: str, append: bool):
+        from torch.utils.tensorboard import SummaryWriter
+        self.jsonl = open(os.path.join(out_dir, "metrics.jsonl"), "a" if append else "w")
+        self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
+
+    def write(self, kind: str, step: int, record: dict[str, Any]) -> None:
+        self.jsonl.write(json.dumps({"kind": kind, "step": step, **record}) + "\n")
+        self.jsonl.flush()
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.tb.add_scalar(f"{kind}/{key}", value, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        self.jsonl.close()
+        self.tb.close()
+
+
+# --------------------------------------------------------------------------- the loop
+
+async def train(config: TrainConfig, pool: CellPool | None = None,
+                progress: Progress | None = None) -> TrainResult:
+    """Run the whole recipe of `config`; see the module docstring."""
+    say: Progress = progress or (lambda event, record: None)
+    t_start = time.monotonic()
+    run, g = config.run, config.grpo
+
+    # ---- setup -----------------------------------------------------------------------
+    device = resolve_device(run.device)
+    if run.threads:
+        torch.set_num_threads(run.threads)
+    os.makedirs(run.out_dir, exist_ok=True)
+    ckpt = _Checkpoint(run.out_dir)
+    tok = ByteTokenizer()
+    state: dict[str, Any] = {"step": 0, "pass_before": None, "bad_in_a_row": 0,
+                             "history": []}
+    model: Any
+    if run.resume:
+        state = ckpt.load_state()
+        model, _ = load_model(ckpt.path)
+    elif config.model.path:
+        model, _ = load_model(config.model.path)
+    else:
+        model = build_model(config.model.shape, tok, seed=run.seed)
+    model.to(device)
+    log = _Log(run.out_dir, append=run.resume)
+    own_pool = pool is None
+    if pool is None:
+        from trialbox.judge.function import judge_pool_config
+        pool = await CellPool(judge_pool_config(warm=2 * config.rollout.env_workers)).start()
+    result = TrainResult(run.out_dir, 0, None, None)
+    try:
+        # ---- supervised warm start (fresh runs only) -----------------------------------
+        if not run.resume and config.sft.steps:
+            pairs = [(t.prompt, demo_tasks.solution_of(t)) for t in demo_tasks.make_tasks(
+                demo_tasks.Split.TRAIN, max(2000, config.sft.steps * config.sft.batch_size
+                                            // 4), seed=run.seed + 7)]
+            stats = sft(model, tok, pairs, config.sft, device=device, progress=lambda s, loss:
+                        say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
+                        if s % 10 == 0 or s == config.sft.steps else None)
+            result.sft_seconds = stats.seconds
+            log.write("sft", 0, {"loss": stats.final_loss, "seconds": stats.seconds,
+                                 "steps": stats.steps})
+        policy = HFPolicy(model, tok, seed=run.seed)
+        ref = None
+        if g.kl_coef > 0:  # the frozen starting point the KL term pulls towards
+            ref = copy.deepcopy(model).train(False)
+            for p in ref.parameters():
+                p.requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=g.lr, weight_decay=0.0)
+        if run.resume:
+            opt.load_state_dict(torch.load(os.path.join(ckpt.path, "optimizer.pt")))
+
+        if not run.resume and config.eval.tasks:
+            before = await evaluate_pass1(policy, config, pool)
+            state["pass_before"] = before["pass1"]
+            log.write("eval", 0, {"when": 0, **before})
+            say("eval", {"when": "before", **before})
+        result.pass_before = state["pass_before"]
+
+        # ---- GRPO ---------------------------------------------------------------------
+        while state["step"] < g.steps:
+            step = state["step"]
+            t0 = time.monotonic()
+
+            # rollout: multi-turn episodes through the agent loop and the real judge
+            batch: RolloutBatch = await rollout(policy, train_tasks(config, step),
+                                                group_size=g.group_size, pool=pool,
+                                                config=agent_config(config))
+            t_rollout = time.monotonic() - t0
+            trajs = batch.trajectories
+
+            # rewards -> advantages, (G, K): a task's K samples side by side
+            values, valid = rewards_tensor([t.reward for t in trajs])
+            adv = group_advantages(values.view(-1, g.group_size),
+                                   valid.view(-1, g.group_size), g.advantage).view(-1)
+
+            # update epochs, gradient accumulation over micro-batches
+            t1 = time.monotonic()
+            model.train()
+            keep = [i for i in range(len(trajs)) if valid[i] and adv[i] != 0]
+            losses: list[float] = []
+            kls: list[float] = []
+            clipped: list[float] = []
+            bad = False
+            if keep:
+                full_mask = batch_of([trajs[i] for i in keep], tok.pad_id, device)["mask"]
+                for _ in range(g.epochs):
+                    opt.zero_grad(set_to_none=True)
+                    for lo in range(0, len(keep), g.micro_batch):
+                        part = keep[lo:lo + g.micro_batch]
+                        mb = batch_of([trajs[i] for i in part], tok.pad_id, device)
+                        a = adv[part].to(device)[:, None]                          # (b, 1)
+                        logp = token_logprobs(model, mb["ids"], mb["attn"],
+                                              config.rollout.temperature)           # (b, T)
+                        per_tok = clipped_pg_loss(logp, mb["logp_old"], a,
+                                                  g.clip_eps_low, g.clip_eps_high)
+                        if ref is not None:
+                            with torch.no_grad():
+                                logp_ref = token_logprobs(ref, mb["ids"], mb["attn"],
+                                                          config.rollout.temperature)
+                            kl = kl_k3(logp, logp_ref)
+                            per_tok = per_tok + g.kl_coef * kl
+                            kls.append(float(aggregate(kl.detach(), mb["mask"],
+                                                       g.aggregation)))
+                        loss = aggregate(per_tok, mb["mask"], g.aggregation,
+                                         max_tokens=config.rollout.max_turns *
+                                         config.rollout.max_new_tokens)
+                        if not is_finite(loss):
+                            bad = True
+                            break
+                        w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
+                        (loss * w).backward()  # type: ignore[no-untyped-call]
+                        losses.append(float(loss.detach()))
+                        ratio = torch.exp(logp.detach() - mb["logp_old"])
+                        out = ((ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high))
+                        clipped.append(float((out.float() * mb["mask"]).sum()
+                                             / mb["mask"].sum().clamp(min=1)))
+                    if bad:
+                        opt.zero_grad(set_to_none=True)  # the step is skipped, not applied
+                        break
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)
+                    opt.step()
+            t_update = time.monotonic() - t1
+
+            # log
+            graded = [t for t in trajs if t.reward is not None]
+            first = [t for t in graded if t.turns and t.turns[0].outcome is not None
+                     and t.turns[0].outcome.value == "passed"]
+            s = batch.stats
+            record: dict[str, Any] = {
+                "reward": sum(t.reward for t in graded if t.reward is not None)
+                / max(1, len(graded)),
+                "pass_rate": sum(t.passed for t in graded) / max(1, len(graded)),
+                "pass_turn1": len(first) / max(1, len(graded)),
+                "excluded": s.excluded, "episodes": s.episodes, "turns": s.turns,
+                "trained_on": len(keep),
+                "loss": sum(losses) / len(losses) if losses else 0.0,
+                "kl": sum(kls) / len(kls) if kls else 0.0,
+                "clip_frac": sum(clipped) / len(clipped) if clipped else 0.0,
+                "gen_s": s.gen_s, "env_wall_s": s.env_wall_s, "rollout_s": t_rollout,
+                "update_s": t_update, "model_tokens": s.model_tokens,
+                "episodes_per_s": s.episodes / max(1e-9, time.monotonic() - t0),
+                "tokens_per_s": s.model_tokens / max(1e-9, time.monotonic() - t0),
+                "step_s": time.monotonic() - t0,
+            }
+            state["step"] = step + 1
+            if bad:
+                state["bad_in_a_row"] += 1
+                record["skipped"] = "non-finite loss"
+                log.write("skip", step + 1, record)
+                say("skip", {"step": step + 1, **record})
+                if state["bad_in_a_row"] >= g.max_bad_steps:
+                    result.stopped = (f"{state['bad_in_a_row']} steps in a row had a "
+                                      f"non-finite loss (max_bad_steps = {g.max_bad_steps})")
+                    say("stop", {"reason": result.stopped})
+                    break
+            else:
+                state["bad_in_a_row"] = 0
+                log.write("step", step + 1, record)
+                say("step", {"step": step + 1, "steps": g.steps, **record})
+            state["history"].append({"step": step + 1, "reward": record["reward"],
+                                     "pass_rate": record["pass_rate"],
+                                     "pass_turn1": record["pass_turn1"]})
+
+            # checkpoint
+            if state["step"] % run.checkpoint_every == 0 or state["step"] == g.steps:
+                ckpt.save(model, tok, opt, state)
+
+        # ---- the end: held-out pass@1 again, the final model ---------------------------
+        result.steps_done = state["step"]
+        if config.eval.tasks:
+            after = await evaluate_pass1(policy, config, pool)
+            result.pass_after = after["pass1"]
+            log.write("eval", state["step"], {"when": state["step"], **after})
+            say("eval", {"when": "after", **after})
+        save_model(model, tok, os.path.join(run.out_dir, "final"))
+        result.history = list(state["history"])
+        result.wall_s = time.monotonic() - t_start
+        with open(os.path.join(run.out_dir, "config.json"), "w") as f:
+            json.dump(asdict(config), f, default=str, indent=1)
+    finally:
+        log.close()
+        if own_pool:
+            await pool.close()
+    return result
