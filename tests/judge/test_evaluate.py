@@ -120,3 +120,70 @@ def test_weighted_reward_scores_style_and_efficiency(runner):
     expected = (0.8 * 1.0 + 0.1 * ugly["style"] + 0.1 * ugly["efficiency"]) / 1.0
     assert abs(ugly["reward"] - expected) < 1e-9
     assert ugly["reward"] < clean["reward"]
+
+
+def test_weighted_reward_scores_peak_memory_against_the_reference(runner):
+    """A pass that holds far more memory than the reference scores lower on memory; the
+    rows carry the reference's peak."""
+    from trialbox.judge.evaluate import evaluate
+    from trialbox.judge.reward import RewardSpec
+    t13 = next(t for t in load_humaneval() if t.task_id == "HumanEval/13")
+    hog = "    _hog = b'x' * (160 << 20)\n" + t13.canonical_solution
+    samples = [{"task_id": t13.task_id, "completion": t13.canonical_solution},
+               {"task_id": t13.task_id, "completion": hog}]
+    spec = RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1, binary=False)
+    rows, _ = runner.run(evaluate({t13.task_id: t13}, samples, runner.pool, workers=1,
+                                  reward_spec=spec))
+    clean, fat = rows
+    assert clean["outcome"] == fat["outcome"] == "passed"
+    assert clean["reference_peak_memory_bytes"] > 0
+    assert clean["memory"] > 0.7 and fat["memory"] < 0.3, (clean["memory"], fat["memory"])
+    assert fat["candidate_peak_memory_bytes"] > 160 << 20
+    assert fat["reward"] < clean["reward"]
+
+
+def test_eval_grades_repo_and_stdio_rows(runner, tmp_path):
+    """Repository tasks through `evaluate`: a diff and a files overlay; stdio rows get an
+    efficiency score from the reference's run times."""
+    from trialbox.judge.evaluate import evaluate, read_samples
+    from trialbox.judge.reward import RewardSpec
+    from trialbox.store.tasks import index, load_jsonl
+    fix = ("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+           "-    return a - b\n+    return a + b\n")
+    task_rows = [
+        {"task_id": "calc", "kind": "repo", "prompt": "Fix add.",
+         "files": {"calc/__init__.py": "", "calc/ops.py": "def add(a, b):\n    return a - b\n"},
+         "test_files": {"tests/test_ops.py": "from calc.ops import add\n\n\n"
+                                             "def test_add():\n    assert add(1, 2) == 3\n"},
+         "hidden_test_files": {"tests/test_more.py": "from calc.ops import add\n\n\n"
+                                                     "def test_neg():\n"
+                                                     "    assert add(-1, -2) == -3\n"},
+         "canonical_solution": fix},
+        {"task_id": "sum", "kind": "stdio", "prompt": "sum", "canonical_solution":
+         "print(sum(map(int, input().split())))\n",
+         "tests": [{"stdin": "1 2\n", "expected": "3\n"}]}]
+    tf = tmp_path / "tasks.jsonl"
+    tf.write_text("".join(json.dumps(r) + "\n" for r in task_rows))
+    sf = tmp_path / "samples.jsonl"
+    sf.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"task_id": "calc", "completion": fix},
+        {"task_id": "calc", "files": {"calc/ops.py": "def add(a, b):\n  import os\n"
+                                                    "  return abs(a) + b\n"}},
+        {"task_id": "calc", "files": {"conftest.py": "x = 1\n"}},
+        {"task_id": "sum", "completion": "print(sum(map(int, input().split())))\n"}]))
+    spec = RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1, binary=False)
+    rows, summary = runner.run(evaluate(index(load_jsonl(tf)), read_samples(str(sf)),
+                                        runner.pool, workers=2, reward_spec=spec))
+    good, wrong, cheat, stdio = rows
+    assert good["outcome"] == "passed" and good["efficiency"] is not None
+    assert good["memory"] is not None and good["reward"] > 0.7
+    assert [t["name"] for t in good["tests"]] == ["tests/test_more.py::test_neg",
+                                                  "tests/test_ops.py::test_add"]
+    assert wrong["outcome"] == "failed" and wrong["efficiency"] is None
+    assert [t["passed"] for t in wrong["tests"]] == [False, True]
+    assert any("F401" in f for f in wrong["style_findings"]), wrong["style_findings"]
+    assert cheat["outcome"] == "cheat" and cheat["flags"] == ["conftest-injection"]
+    assert cheat["reward"] == 0.0
+    assert stdio["outcome"] == "passed" and stdio["efficiency"] is not None
+    assert summary["visible_hidden_gap"] is not None and summary["outcomes"] == {
+        "passed": 2, "failed": 1, "cheat": 1}

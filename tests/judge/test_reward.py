@@ -10,6 +10,7 @@ from trialbox.judge.reward import (
     RUFF_FAILED,
     RewardSpec,
     efficiency_score,
+    memory_score,
     reward,
     style_findings,
     style_score,
@@ -210,3 +211,34 @@ def test_efficiency_edge_cases():
     for a, b in [(1.0, -1.0), (1.0, math.inf), (1.0, math.nan)]:
         with pytest.raises(UsageError, match="reference_ms"):
             efficiency_score(a, b)
+
+
+# --------------------------------------------------------------------------- memory
+
+def test_memory_score_edge_cases():
+    MiB = 1 << 20
+    assert memory_score(10 * MiB, None) is None
+    assert memory_score(8 * MiB, 16 * MiB) == 1.0    # less than the reference
+    assert memory_score(16 * MiB, 16 * MiB) == 1.0
+    assert memory_score(32 * MiB, 16 * MiB) == 0.5   # twice the reference's peak
+    assert memory_score(1, 0) == 0.0
+    for a, b in [(-1, 10), (1.5, 10), (True, 10)]:
+        with pytest.raises(UsageError, match="candidate_bytes"):
+            memory_score(a, b)
+    with pytest.raises(UsageError, match="reference_bytes"):
+        memory_score(1, -1)
+
+
+def test_weighted_reward_with_memory():
+    spec = RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1, binary=False)
+    g = grade(Outcome.PASSED, 4, 4)
+    assert reward(g, spec, style=1.0, efficiency=1.0, memory=0.5) == pytest.approx(0.95)
+    # no memory measured: dropped from the mean, not scored 0
+    assert reward(g, spec, style=1.0, efficiency=1.0) == pytest.approx(1.0)
+    assert reward(grade(Outcome.CHEAT, 4, 4), spec, memory=1.0) == 0.0
+    assert reward(grade(Outcome.INFRA, 0, 4), spec, memory=1.0) is None
+    with pytest.raises(UsageError, match="memory"):
+        reward(g, spec, memory=1.5)
+    with pytest.raises(UsageError, match="memory"):
+        RewardSpec(memory=-1, binary=False)
+    assert reward(g, RewardSpec(pass_rate=0, memory=1, binary=False), memory=0.25) == 0.25

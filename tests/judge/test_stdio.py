@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -185,3 +186,36 @@ def test_eval_cli_grades_stdio_samples(tmp_path):
     assert [t["hidden"] for t in graded[0]["tests"]] == [True, False]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["pass@1"] == round(2 / 3, 6) and summary["excluded"] == 1
+
+
+def test_scaled_time_limits_follow_the_reference(runner):
+    """With time_scale, each test's wall limit is K x the reference's time on it (floor
+    min_time_s): a program 1 s slower than a fast reference times out, and passes
+    without scaling."""
+    from trialbox.judge.stdio import reference_times
+    task = stdio_task("sum-ref", [("1 2\n", "3\n"), ("5 5\n", "10\n")],
+                      canonical_solution=SUM_PY)
+    scaled = StdioJudgeConfig(limits=FAST.limits.with_(wall_s=5), time_scale=3.0,
+                              min_time_s=0.5)
+    ref = runner.run(reference_times(task, runner.pool, scaled))
+    assert set(ref) == {"test_0", "test_1"} and all(0 < ms < 500 for ms in ref.values())
+    slow = "import time\ntime.sleep(1.0)\n" + SUM_PY
+    g = runner.run(judge_stdio(task, slow, runner.pool, scaled, reference=ref))
+    assert g.outcome is Outcome.TIMEOUT, g.message
+    g = runner.run(judge_stdio(task, slow, runner.pool, replace(scaled, time_scale=None),
+                               reference=ref))
+    assert g.outcome is Outcome.PASSED, g.message
+
+
+def test_limits_for_clamps_and_bad_scales_are_refused():
+    config = StdioJudgeConfig(limits=Limits(wall_s=4), time_scale=10, min_time_s=0.5)
+    assert config.limits_for(None) is None
+    assert config.limits_for(1.0).wall_s == 0.5       # floor
+    assert config.limits_for(200.0).wall_s == 2.0     # 10 x 0.2 s
+    assert config.limits_for(10_000.0).wall_s == 4.0  # never above the configured limit
+    assert StdioJudgeConfig().limits_for(5.0) is None  # no scale: the session's limits
+    for bad in (0, -1, float("nan"), True):
+        with pytest.raises(UsageError, match="time_scale"):
+            StdioJudgeConfig(time_scale=bad)
+    with pytest.raises(UsageError, match="min_time_s"):
+        StdioJudgeConfig(limits=Limits(wall_s=1), min_time_s=2)

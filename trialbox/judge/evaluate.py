@@ -3,7 +3,9 @@ row, in input order — nothing is dropped, whatever the input holds.
 
 Each sample row is {"task_id": ..., "completion": ...}: for a function task (HumanEval
 style) the completion is appended to the task's prompt; for a stdio task it is the whole
-program, and the row may name its "language" (python, the default, c, cpp, bash, sh).
+program, and the row may name its "language" (python, the default, c, cpp, bash, sh);
+for a repository task it is a unified diff against the starting tree, or the row gives
+"files" ({path: text, or null to delete}) instead of a completion.
 Each output row: task_id, passed, reward (null when excluded), outcome, message, flags,
 per-test results, timings. The summary (returned, and printed last by the CLI) has
 pass@1, counts per outcome, and whether repeated gradings agreed (determinism).
@@ -17,19 +19,17 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
-from trialbox.judge.function import (
-    JudgeConfig,
-    judge_function,
-    open_harness,
-    reference_times,
-)
+from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.judge.repo import RepoJudgeConfig, judge_repo
+from trialbox.judge.repo_tree import TreeError, candidate_tree
 from trialbox.judge.reward import (
     RewardSpec,
     efficiency_score,
+    memory_score,
     reward,
     style_findings,
     style_score,
@@ -39,6 +39,20 @@ from trialbox.sandbox.languages import language
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.types import Grade, Task, TaskKind
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the task's reference solution did, measured once per task: the baseline of
+    scaled time limits and of the efficiency and memory scores."""
+
+    times: dict[str, float] = field(default_factory=dict)
+    """Per-test times (ms) of a passing reference; empty when it has none or it failed."""
+    peak_memory_bytes: int | None = None
+    """Peak memory of the reference's sandbox, from its cgroup."""
+    cpu_ms: float | None = None
+    """CPU time of the reference's sandbox (repository tasks: the efficiency baseline,
+    since their per-test times are measured inside the candidate's process)."""
 
 
 def reward_of(grade: Grade) -> float | None:
@@ -76,8 +90,11 @@ def read_samples(path: str) -> list[dict[str, Any] | str]:
                         "completion")
         elif not isinstance(row.get("task_id"), str):
             rows.append(f"{path}:{n}: missing or non-string task_id")
+        elif isinstance(row.get("files"), dict) and "completion" not in row:
+            rows.append(row)  # a repository answer as a files overlay
         elif not isinstance(row.get("completion"), str):
-            rows.append(f"{path}:{n}: missing or non-string completion")
+            rows.append(f"{path}:{n}: missing or non-string completion (repository "
+                        "tasks may give \"files\" instead)")
         else:
             rows.append(row)
     return rows
@@ -85,7 +102,8 @@ def read_samples(path: str) -> list[dict[str, Any] | str]:
 
 def _row(sample: dict[str, Any] | str, grades: list[Grade],
          spec: RewardSpec | None = None, style: tuple[str, ...] | None = None,
-         reference: dict[str, float] | None = None) -> dict[str, Any]:
+         reference: Reference | None = None, lines: int | None = None,
+         by_cpu: bool = False) -> dict[str, Any]:
     if isinstance(sample, str):
         return {"task_id": None, "passed": False, "reward": None, "outcome": "error",
                 "message": sample, "flags": [], "tests": [], "wall_ms": 0.0}
@@ -93,16 +111,27 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade],
     extra: dict[str, Any] = {}
     if spec is None or spec.binary:
         rewards = [reward_of(x) for x in grades]
-    else:  # weighted: style from ruff, efficiency against the reference's test times
-        lines = max(1, sample["completion"].count("\n") + 1)
+    else:  # weighted: style from ruff, efficiency and memory against the reference
+        if lines is None:
+            lines = max(1, str(sample.get("completion", "")).count("\n") + 1)
         s_score = style_score(style, lines) if style is not None else None
-        ref_ms = sum(reference.values()) if reference else None
-        effs = [efficiency_score(sum(t.ms for t in x.tests), ref_ms) if x.passed else None
+        ref = reference or Reference()
+        if by_cpu:  # repository tasks: CPU of the whole run, from its cgroup
+            ref_ms = ref.cpu_ms if ref.times else None
+            effs = [efficiency_score(x.candidate_cpu_ms, ref_ms) if x.passed else None
+                    for x in grades]
+        else:
+            ref_ms = sum(ref.times.values()) if ref.times else None
+            effs = [efficiency_score(sum(t.ms for t in x.tests), ref_ms) if x.passed
+                    else None for x in grades]
+        ref_mem = ref.peak_memory_bytes if ref.times else None
+        mems = [memory_score(x.candidate_peak_memory_bytes, ref_mem) if x.passed else None
                 for x in grades]
-        rewards = [reward(x, spec, style=s_score, efficiency=e)
-                   for x, e in zip(grades, effs, strict=True)]
+        rewards = [reward(x, spec, style=s_score, efficiency=e, memory=m)
+                   for x, e, m in zip(grades, effs, mems, strict=True)]
         extra = {"style_findings": list(style or ()), "style": s_score,
-                 "efficiency": effs[0]}
+                 "efficiency": effs[0], "memory": mems[0],
+                 "reference_peak_memory_bytes": ref_mem}
     return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0], **extra,
             "outcome": g.outcome.value, "message": g.message, "flags": list(g.flags),
             "tests": [asdict(t) for t in g.tests], "wall_ms": g.wall_ms,
@@ -119,31 +148,29 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
                    pool: CellPool, *, repeat: int = 1, workers: int = 4,
                    config: JudgeConfig | None = None,
                    stdio_config: StdioJudgeConfig | None = None,
+                   repo_config: RepoJudgeConfig | None = None,
                    reward_spec: RewardSpec | None = None,
                    progress: Callable[[int, int], None] | None = None,
                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Grade every sample `repeat` times with `workers` attempts in flight.
 
     `reward_spec`: binary by default; a weighted spec also runs ruff on each completion
-    (style) and, for function tasks, compares its test times with the reference's
-    (efficiency), and the rows carry those scores."""
+    (style; for repository tasks on the Python lines the candidate wrote), compares a
+    passing attempt's time and peak memory with the reference solution's (efficiency,
+    memory; measured once per task), and the rows carry those scores."""
     weighted = reward_spec is not None and not reward_spec.binary
     if repeat < 1 or workers < 1:
         raise UsageError("--repeat and --workers must be at least 1")
-    for t in tasks.values():
-        if t.kind not in (TaskKind.FUNCTION, TaskKind.STDIO):
-            raise UsageError(f"task {t.task_id} is a {t.kind.value} task; only function "
-                             "and stdio tasks are judged so far")
     # One trusted harness session per worker, reused task after task; each candidate
     # attempt still gets a fresh sandbox of its own.
     harnesses: asyncio.Queue[NamespaceSandbox] = asyncio.Queue()
     if any(t.kind is TaskKind.FUNCTION for t in tasks.values()):
         for _ in range(min(workers, len(samples)) or 1):
             harnesses.put_nowait(await open_harness(pool, config))
-    stdio_slots = asyncio.Semaphore(workers)  # stdio attempts need no harness
+    slots = asyncio.Semaphore(workers)  # stdio and repo attempts need no harness
     done = 0
     t0 = time.monotonic()
-    references: dict[str, asyncio.Future[dict[str, float]]] = {}
+    references: dict[str, asyncio.Future[Reference]] = {}
 
     async def style_of(completion: str, prompt: str) -> tuple[str, ...] | None:
         """ruff's findings on the completion's own lines (the prompt is the task's), when
@@ -155,16 +182,37 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         first = prompt.count("\n")
         return tuple(f for f in findings if _finding_line(f) > first)
 
-    async def reference_for(task: Task, harness: NamespaceSandbox) -> dict[str, float]:
-        """The reference solution's per-test times, measured once per task, when the
-        config scales time limits by them."""
-        if not ((config is not None and config.time_scale is not None)
-                or (weighted and reward_spec is not None and reward_spec.efficiency > 0)):
-            return {}
+    def wants_reference(task: Task) -> bool:
+        scaled = (task.kind is TaskKind.FUNCTION and config is not None
+                  and config.time_scale is not None) or (
+            task.kind is TaskKind.STDIO and stdio_config is not None
+            and stdio_config.time_scale is not None)
+        return scaled or (weighted and reward_spec is not None
+                          and (reward_spec.efficiency > 0 or reward_spec.memory > 0))
+
+    async def measure(task: Task, harness: NamespaceSandbox | None) -> Reference:
+        """Grade the reference solution once (unscaled limits for stdio)."""
+        if task.kind is TaskKind.FUNCTION:
+            g = await judge_function(task, task.canonical_solution, pool, config, harness)
+        elif task.kind is TaskKind.STDIO:
+            unscaled = replace(stdio_config, time_scale=None) if stdio_config else None
+            g = await judge_stdio(task, task.canonical_solution, pool, unscaled)
+        else:
+            g = await judge_repo(task, task.canonical_solution, pool, repo_config)
+        if not g.passed:
+            return Reference()
+        return Reference({t.name: t.ms for t in g.tests}, g.candidate_peak_memory_bytes,
+                         g.candidate_cpu_ms)
+
+    async def reference_for(task: Task, harness: NamespaceSandbox | None = None) -> Reference:
+        """The reference solution's measurements, once per task, when something uses
+        them (scaled time limits, efficiency or memory scores)."""
+        if not task.canonical_solution or not wants_reference(task):
+            return Reference()
         if task.task_id not in references:
             future = references[task.task_id] = asyncio.get_running_loop().create_future()
             try:
-                future.set_result(await reference_times(task, pool, config, harness))
+                future.set_result(await measure(task, harness))
             except BaseException as e:  # waiters on this task learn it too
                 future.set_exception(e)
         return await references[task.task_id]
@@ -178,15 +226,22 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
             row["task_id"] = sample["task_id"]
         elif tasks[sample["task_id"]].kind is TaskKind.STDIO:
             row = await grade_stdio(sample)
+        elif tasks[sample["task_id"]].kind is TaskKind.REPO:
+            row = await grade_repo(sample)
+        elif not isinstance(sample.get("completion"), str):
+            row = _row(f"task {sample['task_id']!r} is a function task: the sample needs "
+                       "a \"completion\" string", [])
+            row["task_id"] = sample["task_id"]
         else:
             grades = []
             task = tasks[sample["task_id"]]
+            reference = Reference()
             for _ in range(repeat):
                 harness = await harnesses.get()
                 try:
                     reference = await reference_for(task, harness)
                     grades.append(await judge_function(task, sample["completion"], pool,
-                                                       config, harness, reference))
+                                                       config, harness, reference.times))
                 finally:
                     harnesses.put_nowait(harness)
             row = _row(sample, grades, reward_spec,
@@ -202,19 +257,52 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
             if not isinstance(lang, str):
                 raise UnknownLanguage(f"language must be a string, got {lang!r}")
             language(lang)
-        except UnknownLanguage as e:
+            if not isinstance(sample.get("completion"), str):
+                raise UsageError("a stdio task's sample needs a \"completion\" string (the "
+                                 "program)")
+        except UsageError as e:
             row = _row(f"task {sample['task_id']!r}: {e}", [])
             row["task_id"] = sample["task_id"]
             return row
+        task = tasks[sample["task_id"]]
         grades = []
+        reference = Reference()
         for _ in range(repeat):
-            async with stdio_slots:
-                grades.append(await judge_stdio(tasks[sample["task_id"]],
-                                                sample["completion"], pool, stdio_config,
-                                                lang))
+            async with slots:
+                reference = await reference_for(task)
+                grades.append(await judge_stdio(task, sample["completion"], pool,
+                                                stdio_config, lang, reference.times))
         python = lang in ("python", "python3", "py")
         return _row(sample, grades, reward_spec,
-                    await style_of(sample["completion"], "") if python else None)
+                    await style_of(sample["completion"], "") if python else None, reference)
+
+    async def grade_repo(sample: dict[str, Any]) -> dict[str, Any]:
+        task = tasks[sample["task_id"]]
+        answer: Any = sample["files"] if "completion" not in sample else sample["completion"]
+        grades = []
+        reference = Reference()
+        for _ in range(repeat):
+            async with slots:
+                reference = await reference_for(task)
+                grades.append(await judge_repo(task, answer, pool, repo_config))
+        style, lines = await repo_style(task, answer)
+        return _row(sample, grades, reward_spec, style, reference, lines, by_cpu=True)
+
+    async def repo_style(task: Task, answer: Any) -> tuple[tuple[str, ...] | None, int]:
+        """ruff's findings on the Python lines the candidate wrote, and how many it wrote."""
+        if not weighted or reward_spec is None or reward_spec.style == 0:
+            return None, 1
+        try:
+            tree = (candidate_tree(task, patch=answer) if isinstance(answer, str)
+                    else candidate_tree(task, files=answer))
+        except TreeError:
+            return None, 1  # graded FAILED; its style does not matter
+        findings: list[str] = []
+        for path, changed in sorted(tree.changed.items()):
+            found = await asyncio.get_running_loop().run_in_executor(
+                None, style_findings, tree.files[path].decode("utf-8", "replace"))
+            findings += [f"{path}: {f}" for f in found if _finding_line(f) in changed]
+        return tuple(findings), max(1, sum(len(c) for c in tree.changed.values()))
 
     try:
         rows = await asyncio.gather(*(grade_one(s) for s in samples))

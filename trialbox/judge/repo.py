@@ -53,6 +53,7 @@ from trialbox.judge.repo_tree import (
 from trialbox.judge.retry import with_infra_retries
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
+from trialbox.telemetry import traced_grade
 from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Outcome, Task, TaskKind, \
     TestResult
 
@@ -100,6 +101,7 @@ def test_modules(task: Task) -> list[str]:
         posixpath.basename(p).startswith("test_") or p.endswith("_test.py")))
 
 
+@traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
 async def judge_repo(task: Task, answer: Answer, pool: CellPool,
                      config: RepoJudgeConfig | None = None) -> Grade:
     """Grade the candidate's `answer` (a unified diff, or a files overlay) against the

@@ -7,6 +7,7 @@ under a `RewardSpec`, chosen once when the trainer or `trialbox eval` is set up:
     all passed     1.0 if grade.passed else 0.0          (a bonus for a full pass)
     style          style_score(style_findings(src), n)  (ruff E/F/W findings per line)
     efficiency     efficiency_score(cand_ms, ref_ms)     (runtime against the reference)
+    memory         memory_score(cand_bytes, ref_bytes)   (peak memory against the reference)
 
 Exclusion is not a score: INFRA and ERROR grades get None (never 0.0), whatever the spec.
 Everything else the candidate did is scored, and a CHEAT scores 0.0 whatever the tests
@@ -41,6 +42,8 @@ class RewardSpec:
     """Weight of the style score (`style_score`; ruff findings per line)."""
     efficiency: float = 0.0
     """Weight of the efficiency score (`efficiency_score`; runtime against the reference)."""
+    memory: float = 0.0
+    """Weight of the memory score (`memory_score`; peak memory against the reference)."""
     binary: bool = True
     """1.0 if the grade passed else 0.0 (the usual RL choice); False: weighted mean."""
 
@@ -52,7 +55,7 @@ class RewardSpec:
                 raise UsageError(f"RewardSpec: {name}={w!r} must be a finite number >= 0")
         if not any(w > 0 for _, w in weights):
             raise UsageError("RewardSpec: every weight is 0; give at least one of "
-                             "pass_rate, all_passed, style, efficiency a weight > 0")
+                             "pass_rate, all_passed, style, efficiency, memory a weight > 0")
         if self.binary:
             extra = [f"{name}={w!r}" for name, w in weights if name != "pass_rate" and w != 0]
             if extra:
@@ -157,18 +160,37 @@ def efficiency_score(candidate_ms: float, reference_ms: float | None) -> float |
     return reference_ms / candidate_ms  # candidate_ms > reference_ms >= 0; inf → 0.0
 
 
+def memory_score(candidate_bytes: int, reference_bytes: int | None) -> float | None:
+    """1.0 when the candidate's peak memory is at most the reference's, else
+    reference_bytes / candidate_bytes (twice the memory: 0.5); None when there is no
+    reference. Both are the peak of the run's cgroup, measured from outside, so they
+    include the interpreter's own footprint: only real excess lowers the score.
+
+    >>> memory_score(64 << 20, 16 << 20)
+    0.25"""
+    if reference_bytes is None:
+        return None
+    for name, v in (("candidate_bytes", candidate_bytes), ("reference_bytes",
+                                                            reference_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise UsageError(f"memory_score: {name}={v!r} must be an int >= 0")
+    if candidate_bytes <= reference_bytes:
+        return 1.0
+    return reference_bytes / candidate_bytes
+
+
 # --------------------------------------------------------------------------- reward
 
 @traced_reward  # span judge.reward, reward histogram (telemetry)
 def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
-           efficiency: float | None = None) -> float | None:
+           efficiency: float | None = None, memory: float | None = None) -> float | None:
     """The reward for `grade` under `spec`, in [0, 1], or None when the grade is excluded.
 
     * INFRA or ERROR (the machinery, or the task's own tests, failed): None, never 0.0.
     * CHEAT: 0.0, whatever the tests, the style or the efficiency said.
     * binary spec: 1.0 if the grade passed, else 0.0.
     * weighted spec: the weighted mean of the components present — pass rate, all passed
-      (1.0 / 0.0), `style`, `efficiency`. A component whose weight is > 0 but whose value
+      (1.0 / 0.0), `style`, `efficiency`, `memory`. A component whose weight is > 0 but whose value
       is None (not measured, or no reference runtime) is dropped from the mean, weight
       and all, so a missing score neither helps nor hurts.
 
@@ -186,15 +208,16 @@ def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
         return 0.0
     if spec.binary:
         return 1.0 if grade.passed else 0.0
-    for name, v in (("style", style), ("efficiency", efficiency)):
+    for name, v in (("style", style), ("efficiency", efficiency), ("memory", memory)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise UsageError(f"reward: {name}={v!r} must be in [0, 1] (or None)")
     pass_rate = grade.pass_rate
     parts = [(spec.pass_rate, pass_rate), (spec.all_passed, 1.0 if grade.passed else 0.0),
-             (spec.style, style), (spec.efficiency, efficiency)]
+             (spec.style, style), (spec.efficiency, efficiency), (spec.memory, memory)]
     present = [(w, v) for w, v in parts if w > 0 and v is not None]
     total = sum(w for w, _ in present)
     if total == 0:
-        raise UsageError("reward: the spec weighs only style/efficiency and neither was "
-                         "given; pass style=/efficiency=, or give pass_rate a weight")
+        raise UsageError("reward: the spec weighs only style/efficiency/memory and none "
+                         "was given; pass style=/efficiency=/memory=, or give pass_rate a "
+                         "weight")
     return min(1.0, sum(w * v for w, v in present) / total)

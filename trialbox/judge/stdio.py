@@ -65,6 +65,12 @@ class StdioJudgeConfig:
     stop_on_timeout: bool = True
     """After a test times out, fail the rest without running them (an infinite loop
     would otherwise cost every test's wall time; the outcome is TIMEOUT either way)."""
+    time_scale: float | None = None
+    """When set, each test's wall-clock limit is `time_scale` × the reference solution's
+    time on that test (never under `min_time_s`, never over `limits.wall_s`); see
+    `reference_times`. Mirrors `JudgeConfig.time_scale` of function tasks."""
+    min_time_s: float = 0.5
+    """The floor of a scaled per-test limit (scheduling noise must not fail a test)."""
 
     def __post_init__(self) -> None:
         for name in ("limits", "checker_limits"):
@@ -79,10 +85,28 @@ class StdioJudgeConfig:
                 or self.retries < 0:
             raise UsageError(f"StdioJudgeConfig.retries must be an int >= 0, got "
                              f"{self.retries!r}")
+        if self.time_scale is not None and (
+                isinstance(self.time_scale, bool) or not isinstance(self.time_scale, (int, float))
+                or not math.isfinite(self.time_scale) or self.time_scale <= 0):
+            raise UsageError(f"StdioJudgeConfig.time_scale must be a number > 0 or None, got "
+                             f"{self.time_scale!r}")
+        if not 0 < self.min_time_s <= self.limits.wall_s:
+            raise UsageError(f"StdioJudgeConfig.min_time_s must be > 0 and at most "
+                             f"limits.wall_s ({self.limits.wall_s}), got {self.min_time_s!r}")
         if self.checker_limits.disk_bytes < 2 * self.limits.output_bytes + (1 << 20):
             raise UsageError("StdioJudgeConfig.checker_limits.disk_mb is too small to hold "
                              "the candidate's output (limits.output_bytes) with the input and "
                              "expected files; raise checker_limits.disk_mb")
+
+
+    def limits_for(self, reference_ms: float | None) -> Limits | None:
+        """The run limits for a test whose reference took `reference_ms` (None: the
+        session's own `limits`)."""
+        if self.time_scale is None or reference_ms is None:
+            return None
+        scaled = self.time_scale * reference_ms / 1000
+        return self.limits.with_(wall_s=min(self.limits.wall_s,
+                                            max(self.min_time_s, scaled)))
 
 
 STDIO_CHEAT_DETECTORS: frozenset[str] = frozenset({
@@ -114,12 +138,26 @@ class _Excluded(Exception):
         self.message = message
 
 
+async def reference_times(task: Task, pool: CellPool,
+                          config: StdioJudgeConfig | None = None) -> dict[str, float]:
+    """Per-test wall times (ms, the supervisor's clock) of the task's reference solution
+    (Python), for `StdioJudgeConfig.time_scale` and efficiency scores; empty when it has
+    none or it does not pass. Measured under unscaled limits."""
+    if not task.canonical_solution:
+        return {}
+    base = replace(config, time_scale=None) if config is not None else None
+    g = await judge_stdio(task, task.canonical_solution, pool, base)
+    return {t.name: t.ms for t in g.tests} if g.passed else {}
+
+
 @traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
 async def judge_stdio(task: Task, source: str, pool: CellPool,
                       config: StdioJudgeConfig | None = None,
-                      language: str = "python") -> Grade:
+                      language: str = "python",
+                      reference: dict[str, float] | None = None) -> Grade:
     """Grade the program `source` (in `language`: python, c, cpp, bash, sh) against the
-    task's tests, hidden first, then visible."""
+    task's tests, hidden first, then visible. `reference`: per-test times from
+    `reference_times`, used when `config.time_scale` is set."""
     config = config or StdioJudgeConfig()
     if task.kind is not TaskKind.STDIO:
         raise UsageError(f"{task.task_id}: judge_stdio needs a STDIO task, got "
@@ -130,12 +168,13 @@ async def judge_stdio(task: Task, source: str, pool: CellPool,
         raise UsageError(f"{task.task_id}: the source must be a str, got "
                          f"{type(source).__name__}")
     spec = languages.language(language)  # UnknownLanguage (a UsageError) names the choices
-    return await with_infra_retries(lambda: _attempt(task, source, spec, pool, config),
-                                    config.retries, task.task_id)
+    return await with_infra_retries(
+        lambda: _attempt(task, source, spec, pool, config, reference or {}),
+        config.retries, task.task_id)
 
 
 async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
-                   config: StdioJudgeConfig) -> Grade:
+                   config: StdioJudgeConfig, reference: dict[str, float]) -> Grade:
     t0 = time.monotonic()
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     runs: list[ExecResult] = []
@@ -143,7 +182,7 @@ async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
     checker = _Checker(task, pool, config.checker_limits)
     try:
         results, message = await _run_tests(task, source, spec, tests, cand, checker,
-                                            config, runs)
+                                            config, runs, reference)
     except _Excluded as e:
         return _grade(task, e.outcome, (), e.message, runs, t0)
     finally:
@@ -156,8 +195,8 @@ async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
 
 async def _run_tests(task: Task, source: str, spec: Language,
                      tests: list[tuple[TestCase, bool]], cand: NamespaceSandbox,
-                     checker: _Checker, config: StdioJudgeConfig,
-                     runs: list[ExecResult]) -> tuple[tuple[TestResult, ...], str]:
+                     checker: _Checker, config: StdioJudgeConfig, runs: list[ExecResult],
+                     reference: dict[str, float]) -> tuple[tuple[TestResult, ...], str]:
     """Per-test results, and a message when the program never ran (did not compile)."""
     if not tests:
         raise _Excluded(Outcome.ERROR, "the task has no tests")
@@ -179,7 +218,8 @@ async def _run_tests(task: Task, source: str, spec: Language,
         if skip:
             results.append(TestResult(test.name, False, f"not run: {skip}", 0.0, hidden))
             continue
-        r = await cand.exec(list(spec.run), stdin=test.stdin)
+        r = await cand.exec(list(spec.run), stdin=test.stdin,
+                            limits=config.limits_for(reference.get(test.name)))
         runs.append(r)
         if r.status is ExecStatus.INFRA:
             raise _Excluded(Outcome.INFRA, f"candidate sandbox: {r.message}")
