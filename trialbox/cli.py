@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade samples ({task_id, completion[, language]} "
                        "per line; for function tasks the completion is appended to the "
-                       "prompt, for stdio tasks it is the whole program) against a task "
+                       "prompt, for stdio tasks it is the whole program, for repository "
+                       "tasks a unified diff, or {task_id, files} instead) against a task "
                        "set, each in fresh sandboxes with the tests run and compared "
                        "outside the candidate. Writes one row per input row to --out; the "
                        "last line printed is a JSON summary.")
@@ -110,11 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grade each sample N times and report determinism")
     e.add_argument("--workers", type=int, default=4, help="attempts in flight (default 4)")
     e.add_argument("--reward", choices=["binary", "weighted"], default="binary",
-                   help="binary: 1 for a pass, else 0 (default); weighted: 0.8 pass rate + "
-                   "0.1 style (ruff) + 0.1 efficiency (vs the reference's test times)")
+                   help="binary: 1 for a pass, else 0 (default); weighted: 0.7 pass rate + "
+                   "0.1 style (ruff) + 0.1 efficiency (vs the reference's time) + 0.1 "
+                   "memory (vs the reference's peak memory)")
     e.add_argument("--time-scale", type=float, default=None, metavar="K",
-                   help="function tasks: each test's call limit is K x the reference "
-                   "solution's time on it (measured once per task; floor 0.5 s)")
+                   help="function and stdio tasks: each test's time limit is K x the "
+                   "reference solution's time on it (measured once per task; floor 0.5 s)")
 
     a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
     asub = a.add_subparsers(dest="audit", required=True)
@@ -178,6 +180,7 @@ async def _eval(args: argparse.Namespace) -> int:
     from trialbox.judge.evaluate import evaluate, progress_bar, read_samples
     from trialbox.judge.function import JudgeConfig, judge_pool_config
     from trialbox.judge.reward import RewardSpec
+    from trialbox.judge.stdio import StdioJudgeConfig
     from trialbox.sandbox import CellPool
     from trialbox.store.tasks import index, load_tasks
     tasks = index(load_tasks(args.tasks))
@@ -189,10 +192,12 @@ async def _eval(args: argparse.Namespace) -> int:
     pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32))).start()
     try:
         config = JudgeConfig(time_scale=args.time_scale) if args.time_scale else None
-        spec = (RewardSpec(pass_rate=0.8, style=0.1, efficiency=0.1, binary=False)
-                if args.reward == "weighted" else None)
+        stdio = StdioJudgeConfig(time_scale=args.time_scale) if args.time_scale else None
+        spec = (RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1,
+                           binary=False) if args.reward == "weighted" else None)
         rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
                                        workers=args.workers, config=config,
+                                       stdio_config=stdio,
                                        reward_spec=spec, progress=progress_bar)
     finally:
         await pool.close()
