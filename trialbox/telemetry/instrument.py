@@ -60,9 +60,8 @@ def record_exec(result: ExecResult) -> None:
     """Count one sandbox run (status, wall time); remember infra failures."""
     m = current()
     status = result.status.value
-    m.child(m.executions, status).inc()
-    m.exec_seconds.observe(result.wall_ms / 1000)
-    with m.recent.lock:
+    with m.recent.lock:  # also RunCounts' lock: one acquisition per run
+        m.runs.add_locked(status, result.wall_ms / 1000)
         m.recent.execs.append((time.time(), result.wall_ms, status))
     if result.status is ExecStatus.INFRA:
         m.child(m.infra, "sandbox").inc()
