@@ -101,3 +101,19 @@ def _under(span: dict[str, Any], ancestor: str, by_id: dict[str, dict[str, Any]]
             return True
         p = by_id[p]["parent_id"]
     return False
+
+
+def test_a_cheat_leads_from_the_dashboard_to_its_trace_and_log_lines(server: Any) -> None:
+    with server.client() as c:
+        r = c.post("/v1/submissions", json={
+            "task_id": "HumanEval/0", "completion": "    pass\nimport sys\nsys.exit(0)\n"})
+        assert r.status_code == 200 and r.json()["outcome"] == "cheat", r.text
+        events = c.get("/api/dashboard").json()["events"]
+        cheat = next(e for e in events if e["kind"] == "cheat")
+        assert cheat["task_id"] == "HumanEval/0" and cheat["trace_id"] == r.headers["x-trace-id"]
+        t = c.get(f"/api/traces/{cheat['trace_id']}").json()
+    grade = next(s for s in t["spans"] if s["name"] == "judge.grade")
+    assert grade["attributes"]["judge.outcome"] == "cheat"
+    [line] = [x for x in t["logs"] if "cheat detected" in x["message"]]
+    assert line["trace_id"] == cheat["trace_id"] and line["span_id"] == grade["span_id"]
+    assert line["level"] == "WARNING" and line["task_id"] == "HumanEval/0"

@@ -29,6 +29,7 @@ measurement); with tracing on, each span costs what the OpenTelemetry SDK costs.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -43,6 +44,7 @@ from trialbox.telemetry.metrics import current, watch_pool
 from trialbox.telemetry.tracing import AttrValue, span
 from trialbox.types import ExecResult, ExecStatus, Grade, Outcome
 
+log = logging.getLogger("trialbox.telemetry")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -66,6 +68,7 @@ def record_exec(result: ExecResult) -> None:
     if result.status is ExecStatus.INFRA:
         m.child(m.infra, "sandbox").inc()
         m.recent.note("infra", f"sandbox run: {result.message}", trace_id=_trace_id())
+        log.warning("sandbox run failed (infra): %s", result.message)
 
 
 def record_grade(grade: Grade, kind: str, seconds: float) -> None:
@@ -83,12 +86,17 @@ def record_grade(grade: Grade, kind: str, seconds: float) -> None:
         m.child(m.infra, "judge").inc()
         m.recent.note("infra", f"{grade.task_id}: {grade.message}", task_id=grade.task_id,
                       trace_id=tid)
+        log.warning("grading %s failed (infra, excluded): %s", grade.task_id, grade.message,
+                    extra={"task_id": grade.task_id, "outcome": outcome})
     elif grade.outcome is Outcome.ERROR:
         m.recent.note("failure", f"{grade.task_id}: {grade.message}",
                       task_id=grade.task_id, trace_id=tid)
     elif grade.outcome is Outcome.CHEAT:
         m.recent.note("cheat", f"{grade.task_id}: {grade.message}", task_id=grade.task_id,
                       flags=list(grade.flags), trace_id=tid)
+        log.warning("%s: cheat detected: %s", grade.task_id, grade.message,
+                    extra={"task_id": grade.task_id, "outcome": outcome,
+                           "flags": list(grade.flags)})
     elif grade.flags:
         m.recent.note("flag", f"{grade.task_id}: {', '.join(grade.flags)}",
                       task_id=grade.task_id, flags=list(grade.flags), trace_id=tid)
