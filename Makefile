@@ -29,6 +29,7 @@ bench: system $(STAMP)
 	mkdir -p .bench
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
+	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

