@@ -45,29 +45,33 @@ The static scan resolves aliases (`import sys as s`, `from sys import _getframe 
 `g = sys._getframe`, `getattr(sys, '_getframe')`, `__import__('sys')`,
 `sys.modules['sys']`, `vars(builtins)[...]`) and folds constant strings (concatenation,
 joins, slices, chr, case changes, base64/hex/rot13), module-wide and flow-insensitively:
-it errs towards flagging. It is tuned for function-call tasks, where the solution is
-loaded as a module, not run as `__main__`: exit calls and runner-like output inside an
-`if __name__ == "__main__":` block, or in functions only that block calls, never run
-there and are not flagged. Findings are reported by line of `source` (solution.py), one
-per detector and line.
+it errs towards flagging. That resolution lives in `resolver.py`, and what test-runner
+output looks like in `runner_text.py`; this module holds the detectors.
+
+It is tuned for function-call tasks, where the solution is loaded as a module, not run
+as `__main__`: exit calls and runner-like output inside an `if __name__ == "__main__":`
+block, or in functions only that block calls, never run there and are not flagged.
+Findings are reported by line of `source` (solution.py), one per detector and line.
 """
 
 from __future__ import annotations
 
 import ast
-import base64
-import binascii
-import builtins
-import codecs
 import fnmatch
-import json
 import re
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
 from trialbox.errors import UsageError
+from trialbox.judge.resolver import IMPORTERS, MAX_DEPTH, Resolver, const_int
+from trialbox.judge.runner_text import (
+    ANSI,
+    MAX_LINE,
+    MAX_OUTPUT,
+    MAX_OUTPUT_FLAGS,
+    json_record,
+    runner_text,
+)
 from trialbox.types import Grade, Outcome, Task
 
 
@@ -163,8 +167,6 @@ _MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__set
                        "__delitem__", "append", "insert", "extend", "remove"})
 _GETATTRS = {"builtins.getattr": 1, "builtins.setattr": 1, "builtins.delattr": 1,
              "inspect.getattr_static": 1, "operator.attrgetter": 0}
-_IMPORTERS = frozenset({"builtins.__import__", "importlib.import_module",
-                        "importlib.__import__"})
 _EVALS = frozenset({"builtins.eval", "builtins.exec", "builtins.compile"})
 _FS_FUNCS = frozenset({
     "builtins.open", "io.open", "os.open", "codecs.open", "os.listdir", "os.scandir",
@@ -186,70 +188,12 @@ _PRINTS = frozenset({"builtins.print", "sys.stdout.write", "sys.stderr.write",
                      "sys.stderr.buffer.write", "os.write", "pprint.pprint", "logging.info",
                      "logging.warning", "logging.error", "logging.debug", "logging.critical",
                      "json.dump", "json.dumps"})
-_KNOWN = frozenset({*_REFS, *_FS_FUNCS, *_FD_FUNCS, *_PRINTS, *_EVALS, *_IMPORTERS,
+_KNOWN = frozenset({*_REFS, *_FS_FUNCS, *_FD_FUNCS, *_PRINTS, *_EVALS, *IMPORTERS,
                     *_GETATTRS, "os.kill", "os.killpg", "os.getpid", "os.getcwd",
                     "os.path.dirname"})
 """Names a `from m import *` is checked for."""
 _GUARDED = frozenset({"exit-call", "test-runner-output"})
 """Detectors not fired inside `if __name__ == "__main__":` (it does not run when loaded)."""
-_BUILTIN_NAMES = frozenset(dir(builtins))
-_MAX_DEPTH = 50
-_MAX_FOLD = 10_000
-_STR_METHODS = frozenset({"lower", "upper", "strip", "lstrip", "rstrip", "swapcase",
-                          "title", "capitalize", "casefold", "replace"})
-_BYTES_DECODERS: dict[str, Callable[[Any], bytes]] = {
-    "base64.b64decode": base64.b64decode, "base64.b32decode": base64.b32decode,
-    "base64.b16decode": base64.b16decode, "base64.b85decode": base64.b85decode,
-    "base64.a85decode": base64.a85decode, "base64.urlsafe_b64decode": base64.urlsafe_b64decode,
-    "binascii.unhexlify": binascii.unhexlify, "binascii.a2b_hex": binascii.a2b_hex,
-    "builtins.bytes.fromhex": bytes.fromhex}
-
-# Text that imitates a test runner. _STRONG fires on any string in the candidate's code
-# and on any line of its output; _WEAK only on what the code prints.
-_STRONG = [(re.compile(p, f), why) for p, f, why in [
-    (r"\ball\b.{0,40}\btests?\b.{0,40}\b(passed|pass|succeeded|ok)\b", re.I,
-     "claims all tests passed"),
-    (r"\btests?\s+(passed|succeeded)\b", re.I, "claims tests passed"),
-    (r"^\W*\d+\s+(tests?\s+)?passed\b|\b\d+\s*/\s*\d+\s+(tests?\s+)?passed\b", re.I,
-     "a pass count"),
-    (r"\b\d+\s+passed(\s+in\s+[\d.]+s|,\s*\d+\s+(failed|skipped|errors?|warnings?))\b",
-     re.I, "a pytest summary"),
-    (r"={3,}.{0,80}\b(passed|failed|errors?|test session starts|short test summary)\b"
-     r".{0,80}={3,}", re.I, "a pytest summary line"),
-    (r"\btest session starts\b|\bshort test summary info\b|\bcollected \d+ items?\b", re.I,
-     "a pytest header"),
-    (r"\bRan \d+ tests? in\b", 0, "a unittest summary"),
-    (r"^FAILED \((failures|errors)=\d+", 0, "a unittest summary"),
-    (r"(?i:\btest)\w*\b.{0,200}\bPASSED\b", 0, "a pytest result line"),
-    (r"(?i:\btest)\w*\b.{0,200}\.\.\.\s*ok\s*$", 0, "a unittest result line"),
-    (r"[\"']passed[\"']\s*:\s*true\b", re.I, "a JSON result record"),
-    (r"[\"']nonce[\"']\s*:", 0, "the judge's result record"),
-]]
-_WEAK = [(re.compile(p, f), why) for p, f, why in [
-    (r"^\W*(all\s+)?(passed|pass|ok|success|successful|all good|correct)\W*$", re.I,
-     "a bare pass verdict"),
-    (r"^OK(\s*\(.*\))?$", 0, "unittest's OK"),
-    (r"^={3,}\s.*\s={3,}$", 0, "a pytest-style banner"),
-]]
-_PLACEHOLDER = re.compile(r"\{[^{}]*\}|%[-#0 +]*\d*(?:\.\d+)?[sdifrxXeEgGc]")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_MAX_OUTPUT = 16 << 20
-_MAX_LINE = 4096
-_MAX_OUTPUT_FLAGS = 10
-
-
-def _runner_text(text: str, weak: bool, template: bool = False) -> str | None:
-    """Why `text` looks like test-runner output, or None. A `template` (a string in
-    code) is also tried with its placeholders filled: "{} passed" -> "1 passed"."""
-    if template and (why := _runner_text(_PLACEHOLDER.sub("1", text), weak)):
-        return why
-    for line in text.splitlines():
-        line = line.strip()[:_MAX_LINE]
-        for rx, why in _STRONG + (_WEAK if weak else []):
-            if rx.search(line):
-                return why
-    return None
-
 
 def _suspicious_path(path: str) -> str | None:
     """Why a path constant is a probe (outside the working directory, or a test's or the
@@ -355,301 +299,20 @@ def _main_only_lines(tree: ast.Module, first: int, entry_point: str) -> list[tup
             del defs[fn.name]
 
 
-class _Scan:
+class _Scan(Resolver):
     """One pass over a module: resolve names, then check every node. Code that `exec`
     runs from a constant string is scanned by a child `_Scan` that reports at the line
     of the call."""
 
     def __init__(self, tree: ast.Module, parent: _Scan | None = None, at_line: int = 0,
                  depth: int = 0) -> None:
-        self.tree = tree
         self.at_line = at_line
         self.depth = depth
         self.findings: list[_Finding] = []
-        self.aliases: dict[str, str] = dict(parent.aliases) if parent else {}
-        """local name -> qualified name (`s` -> `sys`, `g` -> `sys._getframe`)"""
-        self.modules: set[str] = set(parent.modules) if parent else {"builtins"}
-        """qualified names known to be modules"""
-        self.consts: dict[str, ast.expr] = dict(parent.consts) if parent else {}
-        """names bound exactly once, by `name = expr`"""
-        self.bound: set[str] = set(parent.bound) if parent else set()
-        self.star: list[str] = list(parent.star) if parent else []
-        """modules imported with `from m import *`"""
-        # Memos keyed by node identity (the tree outlives the scan): every node is
-        # resolved once, so chains like `b = a + a; c = b + b; ...` cost linear time.
-        self._quals: dict[int, str | None] = {}
-        self._folds: dict[int, tuple[str, bool] | None] = {}
-        self._index()
-        self._quals.clear()  # resolved while aliases were still being found
+        super().__init__(tree, parent, _KNOWN)
 
     def add(self, node: ast.AST, detector: str, what: str) -> None:
         self.findings.append((self.at_line or getattr(node, "lineno", 0), detector, what))
-
-    # -- names -------------------------------------------------------------------------
-    def _index(self) -> None:
-        counts: Counter[str] = Counter()
-        assigned: dict[str, ast.expr] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-                counts[node.id] += 1
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                counts[node.name] += 1
-            elif isinstance(node, ast.arg):
-                counts[node.arg] += 1
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                counts[node.name] += 1
-            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-                counts[node.name] += 1
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for a in node.names:
-                    if a.name == "*":
-                        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                            self.star.append(node.module)
-                        continue
-                    local = a.asname or a.name.split(".")[0]
-                    counts[local] += 1
-                    if isinstance(node, ast.Import):
-                        parts = a.name.split(".")
-                        self.modules.update(".".join(parts[:i + 1]) for i in range(len(parts)))
-                        self.aliases.setdefault(local, a.name if a.asname else parts[0])
-                    elif node.level == 0 and node.module:
-                        self.aliases.setdefault(local, f"{node.module}.{a.name}")
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name)):
-                assigned[node.targets[0].id] = node.value
-            elif (isinstance(node, (ast.AnnAssign, ast.NamedExpr))
-                  and isinstance(node.target, ast.Name) and node.value is not None):
-                assigned[node.target.id] = node.value
-        self.bound |= set(counts)
-        self.consts.update((n, v) for n, v in assigned.items() if counts[n] == 1)
-        for _ in range(4):  # alias chains: s = sys; t = s
-            self._quals.clear()
-            new = {n: q for n, v in self.consts.items() if n not in self.aliases
-                   for q in [self.qual(v)] if q}
-            if not new:
-                break
-            self.aliases.update(new)
-
-    def _module(self, name: str) -> str:
-        self.modules.add(name)
-        return name
-
-    def _name(self, name: str) -> str | None:
-        if name in self.aliases:
-            return self.aliases[name]
-        if name == "__builtins__":
-            return "builtins"
-        if name in self.bound:
-            return None
-        for module in self.star:  # `from os import *` ... `_exit(0)`
-            if f"{module}.{name}" in _KNOWN:
-                return f"{module}.{name}"
-        return f"builtins.{name}" if name in _BUILTIN_NAMES else None
-
-    def qual(self, node: ast.AST | None, depth: int = 0) -> str | None:
-        """The qualified name `node` refers to (`sys._getframe`, `builtins.exit`), if
-        it can be told statically."""
-        if node is None or depth > _MAX_DEPTH:
-            return None
-        key = id(node)
-        if key not in self._quals:
-            self._quals[key] = None  # a cycle resolves to None
-            self._quals[key] = self._qual(node, depth + 1)
-        return self._quals[key]
-
-    def _qual(self, node: ast.AST, d: int) -> str | None:
-        if isinstance(node, ast.Name):
-            return self._name(node.id)
-        if isinstance(node, ast.Attribute):
-            base = self.qual(node.value, d)
-            return f"{base}.{node.attr}" if base else None
-        if isinstance(node, ast.Subscript):
-            key = self.fold(node.slice, d)
-            if key is None:
-                return None
-            if isinstance(node.value, ast.Call) and self.qual(node.value.func, d) in (
-                    "builtins.globals", "builtins.locals"):
-                return self._name(key[0])
-            base = self.qual(node.value, d)
-            if base == "sys.modules":
-                return self._module(key[0])
-            if base == "builtins":  # __builtins__ as a dict
-                return f"builtins.{key[0]}"
-            if base and base.endswith(".__dict__"):
-                return f"{base[:-len('.__dict__')]}.{key[0]}"
-            return None
-        if isinstance(node, ast.Call):
-            obj, name = self._attr_lookup(node, d)
-            if obj is not None and name is not None:
-                base = self.qual(obj, d)
-                key = self.fold(name, d)
-                return f"{base}.{key[0]}" if base and key else None
-            fn = self.qual(node.func, d)
-            if fn in _IMPORTERS and node.args:
-                key = self.fold(node.args[0], d)
-                if key is None:
-                    return None
-                whole = fn == "importlib.import_module" or len(node.args) >= 4 or any(
-                    k.arg == "fromlist" for k in node.keywords)
-                return self._module(key[0] if whole else key[0].split(".")[0])
-            if fn == "sys.modules.get" and node.args:
-                key = self.fold(node.args[0], d)
-                return self._module(key[0]) if key else None
-            if fn == "builtins.vars" and len(node.args) == 1:
-                base = self.qual(node.args[0], d)
-                return f"{base}.__dict__" if base else None
-        return None
-
-    def _attr_lookup(self, call: ast.Call, depth: int = 0) -> tuple[ast.expr | None,
-                                                                    ast.expr | None]:
-        """(object, name) of a by-name attribute lookup: `getattr(obj, name)`,
-        `obj.__getattribute__(name)`, `object.__getattribute__(obj, name)`."""
-        f, args = call.func, call.args
-        if isinstance(f, ast.Attribute) and f.attr == "__getattribute__":
-            if len(args) == 1:
-                return f.value, args[0]
-            if len(args) == 2:
-                return args[0], args[1]
-        fn = self.qual(f, depth)
-        if fn in ("builtins.getattr", "inspect.getattr_static") and len(args) >= 2:
-            return args[0], args[1]
-        return None, None
-
-    # -- constant strings --------------------------------------------------------------
-    def fold(self, node: ast.AST | None, depth: int = 0) -> tuple[str, bool] | None:
-        """The constant string `node` always evaluates to, and whether it took more than
-        a literal to build it (`'_get' + 'frame'` -> ('_getframe', True))."""
-        if node is None or depth > _MAX_DEPTH:
-            return None
-        key = id(node)
-        if key not in self._folds:
-            self._folds[key] = None  # a cycle (`x = x + 'a'`) folds to None
-            out = self._fold(node, depth + 1)
-            self._folds[key] = out if out is None or len(out[0]) <= _MAX_FOLD else None
-        return self._folds[key]
-
-    def _fold(self, node: ast.AST, d: int) -> tuple[str, bool] | None:
-        out: tuple[str, bool] | None = None
-        if isinstance(node, ast.Constant):
-            out = (node.value, False) if isinstance(node.value, str) else None
-        elif isinstance(node, ast.Name):
-            value = self.consts.get(node.id)
-            out = self.fold(value, d) if value is not None else None
-        elif isinstance(node, ast.JoinedStr):
-            parts = []
-            for v in node.values:
-                if isinstance(v, ast.FormattedValue):
-                    if v.conversion != -1 or v.format_spec is not None:
-                        return None
-                    p = self.fold(v.value, d)
-                else:
-                    p = self.fold(v, d)
-                if p is None:
-                    return None
-                parts.append(p[0])
-            out = ("".join(parts), len(node.values) > 1)
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            a, b = self.fold(node.left, d), self.fold(node.right, d)
-            out = (a[0] + b[0], True) if a and b else None
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            s, n = (node.left, node.right) if isinstance(node.right, ast.Constant) \
-                else (node.right, node.left)
-            a = self.fold(s, d)
-            if a and isinstance(n, ast.Constant) and type(n.value) is int \
-                    and 0 <= n.value * len(a[0]) <= _MAX_FOLD:
-                out = (a[0] * n.value, True)
-        elif isinstance(node, ast.Subscript):
-            out = self._fold_subscript(node, d)
-        elif isinstance(node, ast.Call):
-            out = self._fold_call(node, d)
-        return out
-
-    def _fold_subscript(self, node: ast.Subscript, d: int) -> tuple[str, bool] | None:
-        s = self.fold(node.value, d)
-        if s is None:
-            return None
-        sl = node.slice
-        if isinstance(sl, ast.Slice):
-            bounds = [None if b is None else _const_int(b) for b in (sl.lower, sl.upper, sl.step)]
-            given = [b for b in (sl.lower, sl.upper, sl.step) if b is not None]
-            if any(_const_int(b) is None for b in given) or bounds[2] == 0:
-                return None
-            return (s[0][slice(*bounds)], True)
-        i = _const_int(sl)
-        if i is None or not -len(s[0]) <= i < len(s[0]):
-            return None
-        return (s[0][i], True)
-
-    def _fold_call(self, node: ast.Call, d: int) -> tuple[str, bool] | None:
-        f, args = node.func, node.args
-        if isinstance(f, ast.Attribute):
-            if f.attr == "join" and len(args) == 1:
-                sep, items = self.fold(f.value, d), self._fold_items(args[0], d)
-                return (sep[0].join(items), True) if sep is not None and items is not None \
-                    else None
-            if f.attr in _STR_METHODS:
-                s = self.fold(f.value, d)
-                rest = [self.fold(a, d) for a in args]
-                if s is None or any(r is None for r in rest) or len(rest) > 2:
-                    return None
-                strs = [r[0] for r in rest if r is not None]
-                if f.attr == "replace" and (len(strs) != 2 or len(strs[1]) > 100):
-                    return None
-                try:
-                    return (str(getattr(str, f.attr)(s[0], *strs)), True)
-                except (TypeError, ValueError):
-                    return None
-            if f.attr == "decode" and len(args) <= 1:
-                raw = self._fold_bytes(f.value, d)
-                enc = self.fold(args[0], d) if args else ("utf-8", False)
-                try:
-                    return (raw.decode(enc[0]), True) if raw is not None and enc else None
-                except (ValueError, LookupError):
-                    return None
-        fn = self.qual(f, d)
-        if fn == "builtins.chr" and len(args) == 1:
-            i = _const_int(args[0])
-            return (chr(i), True) if i is not None and 0 <= i < 0x110000 else None
-        if fn == "builtins.str" and len(args) == 1:
-            return self.fold(args[0], d)
-        if fn == "codecs.decode" and len(args) == 2:
-            s, enc = self.fold(args[0], d), self.fold(args[1], d)
-            if s and enc and enc[0].replace("_", "").lower() == "rot13":
-                return (codecs.decode(s[0], "rot13"), True)
-        return None
-
-    def _fold_items(self, node: ast.expr, d: int) -> list[str] | None:
-        """The strings a `"".join(...)` argument yields."""
-        if isinstance(node, (ast.List, ast.Tuple)):
-            items = [self.fold(e, d) for e in node.elts]
-            return None if any(i is None for i in items) else [i[0] for i in items if i]
-        if isinstance(node, ast.Call) and len(node.args) == 1 \
-                and self.qual(node.func, d) == "builtins.reversed":
-            inner = self._fold_items(node.args[0], d)
-            return None if inner is None else inner[::-1]
-        s = self.fold(node, d)
-        return None if s is None else list(s[0])
-
-    def _fold_bytes(self, node: ast.expr, d: int) -> bytes | None:
-        if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
-            return node.value
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr == "encode" and not node.args:
-            s = self.fold(node.func.value, d)
-            return s[0].encode("utf-8", "surrogateescape") if s else None
-        if isinstance(node, ast.Call) and len(node.args) == 1:
-            decoder = _BYTES_DECODERS.get(self.qual(node.func, d) or "")
-            arg: str | bytes | None = self._fold_bytes(node.args[0], d)
-            if arg is None:
-                s = self.fold(node.args[0], d)
-                arg = s[0] if s else None
-            if decoder is None or arg is None or len(arg) > _MAX_FOLD:
-                return None
-            try:
-                return decoder(arg)
-            except (ValueError, TypeError):
-                return None
-        return None
 
     # -- checks ------------------------------------------------------------------------
     def run(self) -> list[_Finding]:
@@ -687,7 +350,7 @@ class _Scan:
                         self._constant_method(v, key[0])
             if isinstance(node, (ast.Constant, ast.JoinedStr)) and id(node) not in skip:
                 text = self._render(node)
-                why = _runner_text(text, weak=False, template=True) if text else None
+                why = runner_text(text, weak=False, template=True) if text else None
                 if text and why:
                     self.add(node, "test-runner-output", f"{_short(text)}: {why}")
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -782,7 +445,7 @@ class _Scan:
                 self._patch(node, base, key[0] if key else "<computed>")
             if key and key[0] in _CMP_METHODS and len(args) == 3:
                 self._constant_method(args[2], key[0])
-        if fn in _IMPORTERS and args:
+        if fn in IMPORTERS and args:
             key = self.fold(args[0])
             if key is None or key[1]:
                 how = "computed" if key is None else f"assembled {key[0]!r}"
@@ -802,12 +465,12 @@ class _Scan:
                    *(args[3:4] if fn == "socket.socket" else []),
                    *(k.value for k in node.keywords if k.arg in ("fd", "fileno", "file"))]
             for fd in fds:
-                n = _const_int(fd)
+                n = const_int(fd)
                 if n is not None and n >= 3:
                     self.add(node, "fd-tamper", f"{fn}({n}): the judge's channel is fd 3")
         if fn in ("os.kill", "os.killpg") and args:
             target = args[0]
-            own = _const_int(target) == 0 or (isinstance(target, ast.Call) and self.qual(
+            own = const_int(target) == 0 or (isinstance(target, ast.Call) and self.qual(
                 target.func) in ("os.getpid", "os.getpgrp", "os.getpgid"))
             if own:
                 self.add(node, "exit-call", f"{fn}(own process): ends the process")
@@ -872,7 +535,7 @@ class _Scan:
             self.add(node, "fs-probe", f"climbs {up[1]} directories from {up[0]}")
 
     def _ups(self, node: ast.AST, depth: int = 0) -> tuple[str, int] | None:
-        if depth > _MAX_DEPTH:
+        if depth > MAX_DEPTH:
             return None
         d = depth + 1
         if isinstance(node, ast.Name) and node.id == "__file__":
@@ -884,7 +547,7 @@ class _Scan:
             return (up[0], up[1] + 1) if up else None
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
                 and node.value.attr == "parents":
-            up, k = self._ups(node.value.value, d), _const_int(node.slice)
+            up, k = self._ups(node.value.value, d), const_int(node.slice)
             return (up[0], up[1] + k + 1) if up and k is not None and k >= 0 else None
         if isinstance(node, ast.Call):
             fn = self.qual(node.func, d)
@@ -909,8 +572,8 @@ class _Scan:
             text = self._render(arg)
             # (a literal's strong match is reported where it stands)
             literal = isinstance(arg, (ast.Constant, ast.JoinedStr))
-            if text and not (literal and _runner_text(text, weak=False, template=True)):
-                why = _runner_text(text, weak=True, template=True)
+            if text and not (literal and runner_text(text, weak=False, template=True)):
+                why = runner_text(text, weak=True, template=True)
                 if why:
                     self.add(node, "test-runner-output", f"{fn}({_short(text)}): {why}")
             for sub in ast.walk(arg):
@@ -926,7 +589,7 @@ class _Scan:
     def _render(self, node: ast.AST, depth: int = 0) -> str | None:
         """A string expression as text, what is only known at run time written '1'
         (`f"{n} passed"` -> "1 passed"), or None."""
-        if depth > _MAX_DEPTH:
+        if depth > MAX_DEPTH:
             return None
         if isinstance(node, ast.Constant) and isinstance(node.value, bytes):
             return node.value.decode("latin-1")
@@ -993,16 +656,6 @@ def _returns(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.Return]
             todo.extend(ast.iter_child_nodes(node))
 
 
-def _const_int(node: ast.AST) -> int | None:
-    """The int literal `node` is (`3`, `-1`), or None."""
-    sign = 1
-    while isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        sign, node = -sign, node.operand
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return sign * node.value
-    return None
-
-
 def _short(text: str, n: int = 60) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
@@ -1021,32 +674,12 @@ def dynamic_scan(stdout: bytes, stderr: bytes) -> tuple[Flag, ...]:
     flags: list[Flag] = []
     seen: set[tuple[str, str]] = set()
     for stream, data in (("stdout", stdout), ("stderr", stderr)):
-        for raw in data[:_MAX_OUTPUT].decode("utf-8", errors="replace").splitlines():
-            line = _ANSI.sub("", raw[:_MAX_LINE]).strip()
+        for raw in data[:MAX_OUTPUT].decode("utf-8", errors="replace").splitlines():
+            line = ANSI.sub("", raw[:MAX_LINE]).strip()
             if not line:
                 continue
-            why = _runner_text(line, weak=False) or _json_record(line)
-            if why and (stream, why) not in seen and len(flags) < _MAX_OUTPUT_FLAGS:
+            why = runner_text(line, weak=False) or json_record(line)
+            if why and (stream, why) not in seen and len(flags) < MAX_OUTPUT_FLAGS:
                 seen.add((stream, why))
                 flags.append(Flag("test-runner-output", f"{stream}: {_short(line)}: {why}"))
     return tuple(flags)
-
-
-def _json_record(line: str) -> str | None:
-    """Why a JSON line looks like a test result record, or None."""
-    if not line.startswith(("{", "[")):
-        return None
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    records = obj if isinstance(obj, list) else [obj]
-    for rec in records[:100]:
-        if not isinstance(rec, dict):
-            continue
-        results = rec.get("results")
-        if rec.get("passed") is True or "nonce" in rec or (
-                isinstance(results, list) and any(isinstance(r, dict) and "passed" in r
-                                                  for r in results[:100])):
-            return "a JSON result record"
-    return None
