@@ -146,3 +146,20 @@ def test_spans_are_noops_when_nobody_listens() -> None:
             assert telemetry.current_ids() is None
     finally:
         tracing._S.fanout.processors = saved
+
+
+def test_sample_ratio_zero_records_no_trace() -> None:
+    from trialbox.telemetry.tracing import TracingConfig
+    telemetry.setup_tracing(TracingConfig(otlp_endpoint=None, keep_spans=0, sample_ratio=0.0))
+    try:
+        with telemetry.capture() as exported:
+            with telemetry.span("root"):
+                with telemetry.span("child"):
+                    pass
+        assert exported.get_finished_spans() == ()
+    finally:
+        telemetry.setup_tracing(TracingConfig(otlp_endpoint=None, keep_spans=0))
+    with telemetry.capture() as exported:
+        with telemetry.span("root"):
+            pass
+    assert [s.name for s in exported.get_finished_spans()] == ["root"]

@@ -182,8 +182,10 @@ def traced_exec(fn: Callable[P, Awaitable[ExecResult]]
 
 def traced_acquire(fn: Callable[P, Coroutine[Any, Any, R]]
                    ) -> Callable[P, Coroutine[Any, Any, R]]:
-    """For the sandbox's "get a cell for this run" step: span `sandbox.acquire`. With
-    tracing off it hands back `fn`'s own coroutine: no extra frame on the hot path."""
+    """For the sandbox's "get a cell for this run" step: span `sandbox.acquire`, only when
+    the session holds no cell (`parked`: its first run, or after a park) — a session
+    that already holds one gets it back at no cost, and a span there would cost more
+    than the step. Otherwise it hands back `fn`'s own coroutine: no extra frame."""
 
     async def traced(*args: P.args, **kwargs: P.kwargs) -> R:
         with span("sandbox.acquire"):
@@ -191,7 +193,7 @@ def traced_acquire(fn: Callable[P, Coroutine[Any, Any, R]]
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-        if not tracing.enabled():
+        if not tracing.enabled() or not getattr(args[0], "parked", True):
             return fn(*args, **kwargs)
         return traced(*args, **kwargs)
 

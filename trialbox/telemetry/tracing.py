@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +39,16 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
 
 from trialbox.errors import UsageError
 
@@ -59,6 +69,10 @@ class TracingConfig:
     """`service.name` of every span."""
     keep_spans: int = 5000
     """Finished spans kept in memory for the dashboard's trace view (0: none)."""
+    sample_ratio: float = field(default_factory=lambda: float(
+        os.environ.get("TRIALBOX_TRACE_SAMPLE") or 1.0))
+    """Share of new traces recorded (children follow their root's decision). Lower it
+    when thousands of runs a second make spans (~15-50 µs each here) add up."""
 
     def __post_init__(self) -> None:
         if self.otlp_endpoint is not None:
@@ -68,6 +82,30 @@ class TracingConfig:
                                  f"as http://127.0.0.1:4318, got {self.otlp_endpoint!r}")
         if self.keep_spans < 0:
             raise UsageError("TracingConfig.keep_spans must be >= 0")
+        if not 0.0 <= self.sample_ratio <= 1.0:
+            raise UsageError(f"TracingConfig.sample_ratio must be in [0, 1] (or "
+                             f"TRIALBOX_TRACE_SAMPLE), got {self.sample_ratio!r}")
+
+
+class _Sampler(Sampler):
+    """Parent-based ratio sampling whose ratio `setup_tracing` may change after the
+    provider exists (the provider, and its sampler, are made once per process)."""
+
+    def __init__(self) -> None:
+        self.inner: Sampler = ParentBased(ALWAYS_ON)
+
+    def set_ratio(self, ratio: float) -> None:
+        self.inner = ParentBased(ALWAYS_ON if ratio >= 1 else TraceIdRatioBased(ratio))
+
+    def should_sample(self, parent_context: Context | None, trace_id: int, name: str,
+                      kind: SpanKind | None = None, attributes: Attributes = None,
+                      links: Sequence[Link] | None = None,
+                      trace_state: TraceState | None = None) -> SamplingResult:
+        return self.inner.should_sample(parent_context, trace_id, name, kind, attributes,
+                                        links, trace_state)
+
+    def get_description(self) -> str:
+        return f"trialbox({self.inner.get_description()})"
 
 
 class _Fanout(SpanProcessor):
@@ -122,6 +160,7 @@ class _State:
     provider: TracerProvider | None = None
     tracer: trace.Tracer | None = None
     fanout = _Fanout()
+    sampler = _Sampler()
     recent: RecentSpans | None = None
     otlp: SpanProcessor | None = None
     config: TracingConfig | None = None
@@ -135,7 +174,8 @@ def _provider(service_name: str) -> TracerProvider:
     with _S.lock:
         if _S.provider is None:
             provider = TracerProvider(resource=Resource.create({"service.name":
-                                                                service_name}))
+                                                                service_name}),
+                                      sampler=_S.sampler)
             provider.add_span_processor(_S.fanout)
             # Global too, so spans of libraries (and other trialbox parts using the
             # OpenTelemetry API directly) join the same traces. Ours uses the provider
@@ -154,6 +194,7 @@ def setup_tracing(config: TracingConfig | None = None) -> TracerProvider:
     provider = _provider(config.service_name)
     with _S.lock:
         _S.config = _S.config or config
+        _S.sampler.set_ratio(config.sample_ratio)
         if _S.recent is None and config.keep_spans:
             _S.recent = RecentSpans(config.keep_spans)
             _S.fanout.add(_S.recent)
