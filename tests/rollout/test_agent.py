@@ -236,3 +236,19 @@ def test_hf_policy_episodes_keep_exact_logprobs_across_turns(runner):
         got = [lp for lp, m in zip(tr.old_logprobs[1:], tr.loss_mask[1:], strict=True) if m]
         want = [lp for lp, m in zip(ref, tr.loss_mask[1:], strict=True) if m]
         assert len(got) == tr.n_model_tokens and got == pytest.approx(want, abs=2e-4)
+
+
+def test_spans_episode_with_judge_inside_and_model_calls(runner):
+    from trialbox import telemetry
+
+    with telemetry.capture() as exported:
+        runner.run(rollout(ScriptedPolicy([WRONG, RIGHT]), [SQUARE], max_turns=2,
+                           config=FAST, pool=runner.pool, leaser=leaser_on(runner.pool)))
+    spans = exported.get_finished_spans()
+    [ep] = [s for s in spans if s.name == "episode"]
+    assert ep.attributes["episode.stop"] == "passed" and ep.attributes["episode.turns"] == 2
+    grades = [s for s in spans if s.name == "judge.grade"]
+    assert len(grades) == 2 and all(g.context.trace_id == ep.context.trace_id
+                                    for g in grades)
+    gens = [s for s in spans if s.name == "model.generate"]
+    assert len(gens) == 2 and gens[0].attributes["batch.size"] == 1

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trialbox import telemetry
 from trialbox.errors import InfraError, UsageError
 from trialbox.judge.function import JudgeConfig, judge_function, open_harness
 from trialbox.judge.reward import RewardSpec, reward
@@ -363,12 +364,15 @@ class _Batcher:
         batch, self.waiting = self.waiting[:n], self.waiting[n:]
         t0 = time.monotonic()
         try:
-            gens = await self.policy.generate(
-                [ctx for ctx, _, _ in batch], max_new_tokens=self.cfg.max_new_tokens,
-                temperature=self.cfg.temperature, stop=list(self.cfg.stop) or None)
-            if len(gens) != len(batch):
-                raise InfraError(f"the policy returned {len(gens)} generations for "
-                                 f"{len(batch)} prompts")
+            with telemetry.model_output(**{"batch.size": n}) as sp:
+                gens = await self.policy.generate(
+                    [ctx for ctx, _, _ in batch], max_new_tokens=self.cfg.max_new_tokens,
+                    temperature=self.cfg.temperature, stop=list(self.cfg.stop) or None)
+                if len(gens) != len(batch):
+                    raise InfraError(f"the policy returned {len(gens)} generations for "
+                                     f"{len(batch)} prompts")
+                if sp is not None:
+                    sp.set_attribute("tokens", sum(len(g.token_ids) for g in gens))
         except BaseException as e:
             for _, _, fut in batch:
                 if not fut.done():
@@ -502,6 +506,21 @@ async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
 
 async def _episode(env: _Env, task: Task, prompt_ids: tuple[int, ...], episode_id: str,
                    group_id: str) -> Trajectory:
+    """One episode under an `episode` span (its sandbox and judge spans nest under it;
+    the batched `model.generate` spans belong to the rollout, not to one episode)."""
+    with telemetry.episode(episode_id, **{"task.id": task.task_id}) as sp:
+        tr = await _episode_body(env, task, prompt_ids, episode_id, group_id)
+        if sp is not None:
+            sp.set_attribute("episode.turns", len(tr.turns))
+            sp.set_attribute("episode.stop", tr.stop_reason)
+            sp.set_attribute("episode.excluded", tr.reward is None)
+            if tr.reward is not None:
+                sp.set_attribute("episode.reward", tr.reward)
+        return tr
+
+
+async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
+                        episode_id: str, group_id: str) -> Trajectory:
     cfg, tok = env.cfg, env.policy.tokenizer
     context = list(prompt_ids)
     turns: list[Turn] = []
