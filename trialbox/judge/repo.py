@@ -4,8 +4,8 @@
       candidate_tree(): the answer (a diff or       /workspace/repo/      the tree, with the
         files) on the starting tree, stripped of       trusted test files written over it
         test config, .pth, sitecustomize,           /workspace/_judge/    our runner + ini
-        bytecode, shadowing modules (flagged)       python3 _judge/_trialbox_pytest.py
-      static scan of the lines it wrote               (cwd /workspace, outside the tree)
+        bytecode, shadowing modules (flagged)       python3 -c "import _trialbox_pytest…"
+      static scan of the lines it wrote               (cwd /workspace/_judge: outside it)
       job ──────── socketpair, fd 3 ─────────────►  pytest with our plugin, our ini
       records ◄──── nonce + sequence, start/test/   (-c ours, --rootdir, --confcutdir,
                     tamper/end ──────────────────   -p no:cacheprovider, -o addopts=,
@@ -231,8 +231,12 @@ async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
         await loop.sock_sendall(ours, json.dumps(job).encode() + b"\n")
         reader = asyncio.ensure_future(_read_all(loop, ours))
         try:
-            r = await sb.exec(["python3", f"{WORKSPACE}/{JUDGE_DIR}/{RUNNER}"],
-                              env=RUNNER_ENV, cwd=WORKSPACE,
+            # Imported under its own name, not run as __main__: code that wants to
+            # reach it must name it ("_trialbox..." is flagged by the scan) or walk
+            # the heap or frames (flagged too). cwd is the judge's directory, outside
+            # the tree.
+            r = await sb.exec(["python3", "-c", "import _trialbox_pytest as m; m.main()"],
+                              env=RUNNER_ENV, cwd=f"{WORKSPACE}/{JUDGE_DIR}",
                               pass_fds={3: theirs.detach()})
         finally:
             data = await reader

@@ -1,7 +1,8 @@
 """The judge's pytest runner and plugin, run *inside* the grading sandbox by the sandbox's
 own interpreter (/usr/bin/python3 with Debian's python3-pytest 7.x), never the venv.
 
-    python3 /workspace/_judge/_trialbox_pytest.py        (cwd /workspace, outside repo/)
+    python3 -c "import _trialbox_pytest as m; m.main()"   (cwd /workspace/_judge, outside
+                                                          the tree in /workspace/repo)
       fd 3: a socket to the judge. First the judge's job arrives on it (nonce, repo root,
       the trusted files' sha256, the test files); then this program sends JSON records:
         start  (before any candidate code can run)  pristine check, pytest version
@@ -333,6 +334,3 @@ def main():
     sys.stdout.flush()
     os._exit(0)  # no atexit handler of the candidate's runs after the verdict
 
-
-if __name__ == "__main__":
-    main()
