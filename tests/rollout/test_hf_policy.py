@@ -117,3 +117,24 @@ def test_bad_input(tmp_path):
                                     stop=None))
     with pytest.raises(UsageError, match="temperature"):
         asyncio.run(policy.generate([[1]], max_new_tokens=10, temperature=-1, stop=None))
+
+
+@pytest.mark.parametrize("drop_rows", [True, False])
+def test_rows_that_stop_early_leave_the_batch_exactly(saved, monkeypatch, drop_rows):
+    """Rows end at different steps (stop strings); whether finished rows are dropped
+    from the KV cache or keep stepping (a cache without row selection), every row's
+    log-probs still equal a forward pass."""
+    if not drop_rows:
+        from transformers.cache_utils import Cache
+        monkeypatch.delattr(Cache, "batch_select_indices")
+    policy = HFPolicy.from_pretrained(str(saved), tokenizer=TOK, seed=11)
+    prompts = [TOK.encode(f"prompt {i}: " + "x" * i) for i in range(6)]
+    stops = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    gens = asyncio.run(policy.generate(prompts, max_new_tokens=40, temperature=1.0,
+                                       stop=stops))
+    assert len({len(g.token_ids) for g in gens}) > 1, "rows ended at different steps"
+    for p, g in zip(prompts, gens, strict=True):
+        ref = sequence_logprobs(policy.model, p, g.token_ids, 1.0)
+        assert g.logprobs == pytest.approx(ref, abs=2e-4)
+        if g.finish_reason == "stop":
+            assert not any(s in TOK.decode(g.token_ids[:-1]) for s in stops)

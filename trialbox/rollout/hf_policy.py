@@ -161,32 +161,47 @@ class HFPolicy:
         gen_lp: list[list[float]] = [[] for _ in range(B)]
         reason = ["length"] * B
         texts = [""] * B
-        live = [True] * B
+        rows = list(range(B))  # the prompt index of each row still in the batch
         for _ in range(max_new):
             if temperature > 0:
-                logp = torch.log_softmax(logits / temperature, dim=-1)        # (B, V)
-                nxt = torch.multinomial(logp.exp(), 1, generator=self.generator)  # (B, 1)
+                logp = torch.log_softmax(logits / temperature, dim=-1)        # (b, V)
+                nxt = torch.multinomial(logp.exp(), 1, generator=self.generator)  # (b, 1)
             else:
                 logp = torch.log_softmax(logits, dim=-1)
                 nxt = logp.argmax(-1, keepdim=True)
-            lp = logp.gather(1, nxt).squeeze(1).tolist()                       # (B,)
+            lp = logp.gather(1, nxt).squeeze(1).tolist()                       # (b,)
             chosen = nxt.squeeze(1).tolist()
-            for i in range(B):
-                if not live[i]:
+            keep: list[int] = []  # batch positions that go on
+            for j, i in enumerate(rows):
+                if i < 0:  # finished, still in a batch that cannot drop rows
                     continue
-                gen_ids[i].append(chosen[i])
-                gen_lp[i].append(lp[i])
-                if chosen[i] == tok.eos_id:
-                    live[i], reason[i] = False, "eos"
-                elif stop:
+                gen_ids[i].append(chosen[j])
+                gen_lp[i].append(lp[j])
+                if chosen[j] == tok.eos_id:
+                    reason[i] = "eos"
+                    continue
+                if stop:
                     before = len(texts[i])
                     texts[i] = tok.decode(gen_ids[i])
                     if stop_at(texts[i], stop, before) is not None:
-                        live[i], reason[i] = False, "stop"
-            if not any(live):
+                        reason[i] = "stop"
+                        continue
+                keep.append(j)
+            if not keep:
                 break
-            # Finished rows keep stepping (their tokens are discarded): one batched call.
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], 1)
+            if len(keep) < len(rows):
+                if hasattr(past, "batch_select_indices"):
+                    # Drop finished rows from the batch and its KV cache: with stop
+                    # strings most rows end early, and a step costs in proportion to rows.
+                    idx = torch.tensor(keep, dtype=torch.long, device=dev)
+                    past.batch_select_indices(idx)
+                    mask, nxt, next_pos = mask[idx], nxt[idx], next_pos[idx]
+                    rows = [rows[j] for j in keep]
+                else:  # finished rows keep stepping; their tokens are discarded
+                    kept = set(keep)
+                    rows = [i if j in kept else -1 for j, i in enumerate(rows)]
+            mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype,
+                                               device=dev)], 1)                 # (b, L+t)
             out = self.model(input_ids=nxt, attention_mask=mask,
                              position_ids=next_pos[:, None], use_cache=True,
                              **{self._cache_kw: past})
