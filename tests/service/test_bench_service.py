@@ -28,6 +28,6 @@ def test_bench_service_smoke(tmp_path: Path) -> None:
     assert tb["verdicts_wrong"] == {}, tb
     assert tb["verdicts_right"] + tb["refused_retry_after"] == tb["answered"]
     assert 0 < tb["p50_ms"] <= tb["p99_ms"] and tb["server_peak_rss_mib"] > 10
-    assert tb["tree_peak_rss_mib"] >= tb["server_peak_rss_mib"] * 0.5
+    assert tb["tree_peak_pss_mib"] > 10
     assert plain["answered"] > 0 and plain["server_peak_rss_mib"] > 10
     assert res["ratios"]["per_s"] > 0

