@@ -30,6 +30,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
+	$(VENV)/bin/trialbox bench service --out .bench/service.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
