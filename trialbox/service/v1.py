@@ -55,7 +55,7 @@ from trialbox.service.models import (
     resolve_limits,
 )
 from trialbox.service.state import ServiceState, Session
-from trialbox.types import ExecResult, Grade, Task, TaskKind
+from trialbox.types import ExecResult, Grade, Limits, Task, TaskKind
 
 router = APIRouter(prefix="/v1", tags=["v1"])
 
@@ -189,8 +189,8 @@ async def download(sid: str, path: str, request: Request) -> dict[str, Any]:
 # ----------------------------------------------------------------------- one-shot
 
 async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
-                   files: dict[str, bytes],
-                   compile_limits: Any = None) -> tuple[ExecResult, dict[str, str | None]]:
+                   files: dict[str, bytes], compile_limits: Limits | None = None
+                   ) -> tuple[ExecResult, dict[str, str | None]]:
     """A fresh sandbox: write `files`, run, read `fetch_files` (None for a missing one),
     close. Shared by /v1/exec and /run_code."""
     language_spec(body.language)
@@ -315,8 +315,15 @@ async def submit_batch(body: BatchIn, request: Request) -> dict[str, Any]:
     state = _state(request)
     for i, sub in enumerate(body.submissions):
         _task_of(sub, f"submissions[{i}].")
-    results = await asyncio.gather(*(_grade(state, request, s, f"submissions[{i}].")
-                                     for i, s in enumerate(body.submissions)),
+    # At most max_running items of one batch ask for a slot at once: a batch larger
+    # than the admission queue must wait its turn, not be refused item by item.
+    turn = asyncio.Semaphore(state.config.max_running)
+
+    async def one(i: int, sub: SubmissionIn) -> dict[str, Any]:
+        async with turn:
+            return await _grade(state, request, sub, f"submissions[{i}].")
+
+    results = await asyncio.gather(*(one(i, s) for i, s in enumerate(body.submissions)),
                                    return_exceptions=True)
     rows: list[dict[str, Any]] = []
     for r in results:

@@ -1,0 +1,128 @@
+"""The service's pieces on their own: admission queue, token bucket, session expiry,
+config checks, and the SandboxFusion status mapping for every ExecStatus."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from trialbox.errors import UsageError
+from trialbox.sandbox.fake import FakeSandbox
+from trialbox.service.admission import Admission, Overloaded
+from trialbox.service.config import ServiceConfig, is_loopback
+from trialbox.service.fusion import fusion_response
+from trialbox.service.guard import TokenBucket
+from trialbox.service.state import Sessions
+from trialbox.types import ExecResult, ExecStatus, Limits
+
+
+def test_admission_bounds_running_and_waiting() -> None:
+    async def body() -> None:
+        adm = Admission(running=1, queued=1, wait_s=5)
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with adm.slot():
+                await release.wait()
+
+        first = asyncio.create_task(hold())
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(hold())
+        await asyncio.sleep(0.01)
+        assert (adm.running, adm.waiting) == (1, 1)
+        with pytest.raises(Overloaded) as e:  # full: refused at once
+            async with adm.slot():
+                pass
+        assert e.value.retry_after >= 1
+        release.set()
+        await asyncio.gather(first, second)
+        assert (adm.running, adm.waiting, adm.admitted) == (0, 0, 2)
+
+    asyncio.run(body())
+
+
+def test_admission_wait_times_out() -> None:
+    async def body() -> None:
+        adm = Admission(running=1, queued=4, wait_s=10)
+        async with adm.slot():
+            t0 = time.monotonic()
+            with pytest.raises(Overloaded, match="no sandbox slot"):
+                async with adm.slot(timeout=0.1):
+                    pass
+            assert time.monotonic() - t0 < 2
+        assert adm.waiting == 0
+
+    asyncio.run(body())
+
+
+def test_token_bucket() -> None:
+    b = TokenBucket(rate=10, burst=2)
+    assert b.take() == 0 and b.take() == 0
+    wait = b.take()
+    assert 0 < wait <= 0.1 + 1e-6
+    time.sleep(0.11)
+    assert b.take() == 0
+
+
+def test_idle_sessions_expire_busy_ones_do_not() -> None:
+    async def body() -> None:
+        sessions = Sessions(limit=2, idle_s=0.05)
+        a = sessions.add(FakeSandbox(), Limits())
+        b = sessions.add(FakeSandbox(), Limits())
+        assert sessions.full()
+        await b.lock.acquire()  # b is running something
+        await asyncio.sleep(0.06)
+        assert [s.id for s in sessions.idle()] == [a.id]
+        with pytest.raises(UsageError, match="no open session"):
+            sessions.get(a.id)
+        b.lock.release()
+        assert sessions.get(b.id) is b
+
+    asyncio.run(body())
+
+
+def test_config_checks() -> None:
+    assert is_loopback("127.0.0.2") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1")
+    with pytest.raises(UsageError, match="without a token"):
+        ServiceConfig(host="10.0.0.1")
+    ServiceConfig(host="10.0.0.1", token="x" * 16)
+    for bad in ({"port": 70000}, {"max_running": 0}, {"deadline_s": -1}, {"token": " "},
+                {"rate_per_s": float("nan")}):
+        with pytest.raises(UsageError):
+            ServiceConfig(**bad)  # type: ignore[arg-type]
+
+
+def _r(status: ExecStatus, **kw: object) -> ExecResult:
+    return ExecResult(status, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("result", "top", "run", "code"), [
+    (_r(ExecStatus.OK, exit_code=0), "Success", "Finished", 0),
+    (_r(ExecStatus.EXIT, exit_code=3), "Failed", "Finished", 3),
+    (_r(ExecStatus.SIGNAL, signal=11), "Failed", "Finished", -11),
+    (_r(ExecStatus.TIMEOUT, signal=9), "Failed", "TimeLimitExceeded", None),
+    (_r(ExecStatus.MEMORY, signal=9), "Failed", "Error", None),
+    (_r(ExecStatus.OUTPUT, signal=9), "Failed", "Error", None),
+    (_r(ExecStatus.DISK, exit_code=1), "Failed", "Error", 1),
+    (_r(ExecStatus.INFRA, message="zygote died"), "SandboxError", "Error", None),
+])
+def test_fusion_status_mapping(result: ExecResult, top: str, run: str,
+                               code: int | None) -> None:
+    res = fusion_response(result, {})
+    assert res["status"] == top and res["run_result"]["status"] == run
+    assert res["run_result"]["return_code"] == code
+    assert res["run_result"]["trialbox_status"] == result.status.value
+    assert res["compile_result"] is None
+
+
+def test_fusion_compile_failure_has_no_run_result() -> None:
+    compiled = _r(ExecStatus.EXIT, exit_code=1, stderr=b"error: expected ';'")
+    from dataclasses import replace
+    res = fusion_response(replace(compiled, compile=compiled), {"x": None, "y": "eQ=="})
+    assert res["status"] == "Failed" and res["run_result"] is None
+    assert res["compile_result"]["return_code"] == 1
+    assert "expected" in res["compile_result"]["stderr"]
+    assert res["files"] == {"y": "eQ=="}
