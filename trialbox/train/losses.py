@@ -17,7 +17,6 @@ Variants are chosen once, by enum, when the trainer is built (`Advantage`,
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Sequence
 
 import torch
@@ -179,4 +178,4 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 
 def is_finite(x: Tensor) -> bool:
     """True when every entry is finite (a NaN/inf loss skips the step)."""
-    return bool(torch.isfinite(x).all()) and not math.isnan(float(x.sum()))
+    return bool(torch.isfinite(x.detach()).all())

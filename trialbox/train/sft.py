@@ -122,7 +122,7 @@ def sft(model: torch.nn.Module, tok: ByteTokenizer, pairs: Sequence[tuple[str, s
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         stats.steps = step + 1
-        stats.final_loss = float(loss)
+        stats.final_loss = float(loss.detach())
         if progress is not None:
             progress(step + 1, stats.final_loss)
     stats.seconds = time.monotonic() - t0

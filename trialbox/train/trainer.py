@@ -12,7 +12,7 @@ sandboxes. `train()` reads top to bottom:
 
 A run directory holds `metrics.jsonl` (one line per step, plus `eval` and `sft` lines),
 `tb/` (TensorBoard events), `checkpoint/` (model, optimizer, step; `[run] resume =
-true` continues from it) and `final/` (the trained model).
+true` continues from it) and `sft/` (the model after the warm start), `final/` (the trained model).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
-from trialbox.train.config import TrainConfig
+from trialbox.train.config import GRPOConfig, TrainConfig
 from trialbox.train.losses import (
     aggregate,
     aggregate_weight,
@@ -134,6 +134,79 @@ async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) 
             "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
 
 
+@dataclass
+class UpdateStats:
+    trained_on: int = 0
+    """Trajectories with a reward and a non-zero advantage (the others carry no signal)."""
+    loss: float = 0.0
+    kl: float = 0.0
+    clip_frac: float = 0.0
+    """Share of model tokens whose ratio left the clip range (0 with epochs = 1)."""
+    grad_norm: float = 0.0
+    skipped: bool = False
+    """The loss was not finite: no parameter was changed."""
+
+
+def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
+                adv: torch.Tensor, valid: torch.Tensor, g: GRPOConfig, *,
+                ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
+                pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
+    """`g.epochs` optimizer steps on one round's trajectories: the clipped surrogate
+    (plus `g.kl_coef` x k3 KL to `ref`), aggregated as `g.aggregation`, gradients
+    accumulated over micro-batches of `g.micro_batch` so the result equals one big
+    batch. A non-finite loss skips the whole step (gradients dropped, nothing applied).
+    `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on."""
+    device = device or torch.device("cpu")
+    stats = UpdateStats()
+    keep = [i for i in range(len(trajs)) if valid[i] and adv[i] != 0]
+    stats.trained_on = len(keep)
+    if not keep:
+        return stats
+    model.train()
+    full_mask = batch_of([trajs[i] for i in keep], pad_id, device)["mask"]
+    losses: list[float] = []
+    kls: list[float] = []
+    clipped: list[float] = []
+    for _ in range(g.epochs):
+        opt.zero_grad(set_to_none=True)
+        for lo in range(0, len(keep), g.micro_batch):
+            part = keep[lo:lo + g.micro_batch]
+            mb = batch_of([trajs[i] for i in part], pad_id, device)
+            a = adv[part].to(device)[:, None]                                   # (b, 1)
+            logp = token_logprobs(model, mb["ids"], mb["attn"], temperature)    # (b, T)
+            per_tok = clipped_pg_loss(logp, mb["logp_old"], a, g.clip_eps_low,
+                                      g.clip_eps_high)                          # (b, T)
+            if ref is not None and g.kl_coef > 0:
+                with torch.no_grad():
+                    logp_ref = token_logprobs(ref, mb["ids"], mb["attn"], temperature)
+                kl = kl_k3(logp, logp_ref)
+                per_tok = per_tok + g.kl_coef * kl
+                kls.append(float(aggregate(kl.detach(), mb["mask"], g.aggregation)))
+            loss = aggregate(per_tok, mb["mask"], g.aggregation, max_tokens=max_tokens)
+            if not is_finite(loss):
+                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
+                stats.skipped = True
+                return stats
+            w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
+            (loss * w).backward()  # type: ignore[no-untyped-call]
+            losses.append(float(loss.detach()))
+            ratio = torch.exp(logp.detach() - mb["logp_old"])
+            out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
+            clipped.append(float((out.float() * mb["mask"]).sum()
+                                 / mb["mask"].sum().clamp(min=1)))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)
+        if not is_finite(norm):
+            opt.zero_grad(set_to_none=True)
+            stats.skipped = True
+            return stats
+        stats.grad_norm = float(norm)
+        opt.step()
+    stats.loss = sum(losses) / len(losses)
+    stats.kl = sum(kls) / len(kls) if kls else 0.0
+    stats.clip_frac = sum(clipped) / len(clipped)
+    return stats
+
+
 class _Checkpoint:
     """out_dir/checkpoint: the model (save_pretrained), the optimizer and the trainer's
     state, replaced atomically (written beside, then renamed)."""
@@ -230,6 +303,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                         say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
                         if s % 10 == 0 or s == config.sft.steps else None)
             result.sft_seconds = stats.seconds
+            save_model(model, tok, os.path.join(run.out_dir, "sft"))
             log.write("sft", 0, {"loss": stats.final_loss, "seconds": stats.seconds,
                                  "steps": stats.steps})
         policy = HFPolicy(model, tok, seed=run.seed)
@@ -268,50 +342,12 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
             # update epochs, gradient accumulation over micro-batches
             t1 = time.monotonic()
-            model.train()
-            keep = [i for i in range(len(trajs)) if valid[i] and adv[i] != 0]
-            losses: list[float] = []
-            kls: list[float] = []
-            clipped: list[float] = []
-            bad = False
-            if keep:
-                full_mask = batch_of([trajs[i] for i in keep], tok.pad_id, device)["mask"]
-                for _ in range(g.epochs):
-                    opt.zero_grad(set_to_none=True)
-                    for lo in range(0, len(keep), g.micro_batch):
-                        part = keep[lo:lo + g.micro_batch]
-                        mb = batch_of([trajs[i] for i in part], tok.pad_id, device)
-                        a = adv[part].to(device)[:, None]                          # (b, 1)
-                        logp = token_logprobs(model, mb["ids"], mb["attn"],
-                                              config.rollout.temperature)           # (b, T)
-                        per_tok = clipped_pg_loss(logp, mb["logp_old"], a,
-                                                  g.clip_eps_low, g.clip_eps_high)
-                        if ref is not None:
-                            with torch.no_grad():
-                                logp_ref = token_logprobs(ref, mb["ids"], mb["attn"],
-                                                          config.rollout.temperature)
-                            kl = kl_k3(logp, logp_ref)
-                            per_tok = per_tok + g.kl_coef * kl
-                            kls.append(float(aggregate(kl.detach(), mb["mask"],
-                                                       g.aggregation)))
-                        loss = aggregate(per_tok, mb["mask"], g.aggregation,
-                                         max_tokens=config.rollout.max_turns *
-                                         config.rollout.max_new_tokens)
-                        if not is_finite(loss):
-                            bad = True
-                            break
-                        w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
-                        (loss * w).backward()  # type: ignore[no-untyped-call]
-                        losses.append(float(loss.detach()))
-                        ratio = torch.exp(logp.detach() - mb["logp_old"])
-                        out = ((ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high))
-                        clipped.append(float((out.float() * mb["mask"]).sum()
-                                             / mb["mask"].sum().clamp(min=1)))
-                    if bad:
-                        opt.zero_grad(set_to_none=True)  # the step is skipped, not applied
-                        break
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)
-                    opt.step()
+            upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
+                              temperature=config.rollout.temperature,
+                              max_tokens=config.rollout.max_turns *
+                              config.rollout.max_new_tokens, pad_id=tok.pad_id,
+                              device=device)
+            bad = upd.skipped
             t_update = time.monotonic() - t1
 
             # log
@@ -325,10 +361,8 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 "pass_rate": sum(t.passed for t in graded) / max(1, len(graded)),
                 "pass_turn1": len(first) / max(1, len(graded)),
                 "excluded": s.excluded, "episodes": s.episodes, "turns": s.turns,
-                "trained_on": len(keep),
-                "loss": sum(losses) / len(losses) if losses else 0.0,
-                "kl": sum(kls) / len(kls) if kls else 0.0,
-                "clip_frac": sum(clipped) / len(clipped) if clipped else 0.0,
+                "trained_on": upd.trained_on, "loss": upd.loss, "kl": upd.kl,
+                "clip_frac": upd.clip_frac, "grad_norm": upd.grad_norm,
                 "gen_s": s.gen_s, "env_wall_s": s.env_wall_s, "rollout_s": t_rollout,
                 "update_s": t_update, "model_tokens": s.model_tokens,
                 "episodes_per_s": s.episodes / max(1e-9, time.monotonic() - t0),
