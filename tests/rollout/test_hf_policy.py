@@ -113,8 +113,17 @@ def test_bad_input(tmp_path):
         HFPolicy.from_config(gpt2(), TOK, device="tpu")
     policy = HFPolicy.from_config(gpt2(), TOK)
     with pytest.raises(UsageError, match="positions"):
-        asyncio.run(policy.generate([[1] * 250], max_new_tokens=10, temperature=1.0,
+        asyncio.run(policy.generate([[1] * 256], max_new_tokens=10, temperature=1.0,
                                     stop=None))
+    # Near the end of the model's positions a row stops there, the others go on (no
+    # EOS id here, so only the lengths can end them).
+    no_eos = ByteTokenizer()
+    no_eos.eos_id = None
+    policy = HFPolicy(policy.model, no_eos)
+    short, full = asyncio.run(policy.generate([[1] * 250, [1] * 5], max_new_tokens=10,
+                                              temperature=1.0, stop=None))
+    assert (len(short.token_ids), short.finish_reason) == (6, "length")
+    assert (len(full.token_ids), full.finish_reason) == (10, "length")
     with pytest.raises(UsageError, match="temperature"):
         asyncio.run(policy.generate([[1]], max_new_tokens=10, temperature=-1, stop=None))
 

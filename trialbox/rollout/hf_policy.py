@@ -118,11 +118,10 @@ class HFPolicy:
                        stop: list[str] | None = None) -> list[Generation]:
         check_generate_args(prompts, max_new_tokens, temperature, stop)
         longest = max((len(p) for p in prompts), default=0)
-        if self.max_positions is not None and longest + max_new_tokens > self.max_positions:
-            raise UsageError(f"HFPolicy: a prompt of {longest} tokens plus max_new_tokens="
-                             f"{max_new_tokens} exceeds the model's {self.max_positions} "
-                             "positions; shorten the context (AgentConfig."
-                             "max_context_tokens) or lower max_new_tokens")
+        if self.max_positions is not None and longest >= self.max_positions:
+            raise UsageError(f"HFPolicy: a prompt of {longest} tokens leaves no room in the "
+                             f"model's {self.max_positions} positions; shorten the context "
+                             "(AgentConfig.max_context_tokens)")
         if not prompts:
             return []
         async with self._lock:
@@ -157,6 +156,10 @@ class HFPolicy:
         past, logits = _cache_of(out), out.logits[:, -1, :].float()           # (B, V)
         next_pos = pos[:, -1] + 1                                              # (B,)
 
+        # A row ends ("length") at max_new tokens or at the model's last position,
+        # whichever comes first: rows of one batch may have different room.
+        caps = [max_new if self.max_positions is None
+                else min(max_new, self.max_positions - len(p)) for p in prompts]
         gen_ids: list[list[int]] = [[] for _ in range(B)]
         gen_lp: list[list[float]] = [[] for _ in range(B)]
         reason = ["length"] * B
@@ -186,6 +189,8 @@ class HFPolicy:
                     if stop_at(texts[i], stop, before) is not None:
                         reason[i] = "stop"
                         continue
+                if len(gen_ids[i]) >= caps[i]:
+                    continue  # reason stays "length"
                 keep.append(j)
             if not keep:
                 break
