@@ -160,14 +160,16 @@ def render_table(res: dict[str, Any]) -> str:
          f"{m['memory_gib']} GiB, Python {m['python']}, {m['date']}"),
         (f"{p['tasks']} tasks x {p['group']} episodes x {p['turns']} turns, "
          f"{p['max_new_tokens']} new tokens per turn, GPT-2-shaped {p['layers']}x"
-         f"{p['width']} model (CPU, greedy); median of {p['rounds']} rounds"),
+         f"{p['width']} model (CPU, greedy); median of {p['rounds']} rounds; load "
+         f"average {_fmt(m.get('loadavg_start', [math.nan])[0])} at start"),
         "",
         f"{'':<36}{'batched':>{w}}{'per-episode':>{w}}{'ratio':>10}",
     ]
 
-    def row(name: str, key: str, nd: int = 2, invert: bool = False) -> None:
+    def row(name: str, key: str, nd: int = 2, invert: bool = False,
+            ratio: bool = True) -> None:
         a, bb = b[key], e[key]
-        rt = (bb / a if invert else a / bb) if a and bb else math.nan
+        rt = (bb / a if invert else a / bb) if a and bb and ratio else math.nan
         lines.append(f"{name:<36}{_fmt(a, nd):>{w}}{_fmt(bb, nd):>{w}}"
                      f"{(_fmt(rt) + 'x') if math.isfinite(rt) else '-':>10}")
 
@@ -178,7 +180,7 @@ def render_table(res: dict[str, Any]) -> str:
     row("mean batch", "mean_batch", 1)
     row("time in generate, s", "gen_s", invert=True)
     row("wall with a turn in the env, s", "env_wall_s", invert=True)
-    row("policy idle share", "policy_idle_share", 3)
+    row("policy idle share", "policy_idle_share", 3, ratio=False)
     return "\n".join(lines + notes_and_problems(res))
 
 
