@@ -31,6 +31,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
 	$(VENV)/bin/trialbox bench service --out .bench/service.json
+	$(VENV)/bin/trialbox bench telemetry --out .bench/telemetry.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
