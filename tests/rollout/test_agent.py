@@ -252,3 +252,24 @@ def test_spans_episode_with_judge_inside_and_model_calls(runner):
                                     for g in grades)
     gens = [s for s in spans if s.name == "model.generate"]
     assert len(gens) == 2 and gens[0].attributes["batch.size"] == 1
+
+
+def test_the_schedulers_leaser_plugs_in_unchanged(runner):
+    """rollout() with the scheduler's SchedulerLeaser: a machine with room for one
+    sandbox's quota at a time serialises the episodes' runs; everything still passes
+    and every session is closed."""
+    from trialbox.schedule.leasing import SchedulerLeaser
+    from trialbox.schedule.quotas import Capacity, ResourcePool
+
+    async def opener(limits):
+        return await NamespaceSandbox.open(runner.pool, limits)
+
+    one = FAST.exec_limits  # cpus=1.0: the capacity below fits exactly one
+    resources = ResourcePool(Capacity(cpus=one.cpus, memory_mb=one.memory_mb,
+                                      disk_mb=one.disk_mb), reserve=0.0)
+    leaser = SchedulerLeaser(resources, opener=opener)
+    batch = runner.run(rollout(ScriptedPolicy([WRONG, RIGHT]), [SQUARE], group_size=3,
+                               max_turns=2, config=FAST, pool=runner.pool, leaser=leaser))
+    assert [t.passed for t in batch.trajectories] == [True, True, True]
+    assert resources.peak_cpus == one.cpus and resources.cpus == 0
+    assert leaser.stats.leases == 6 and leaser.stats.sessions_closed == 3
