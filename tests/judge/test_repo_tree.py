@@ -94,3 +94,10 @@ def test_expected_tests_are_read_statically():
     assert expected_tests("t.py", src) == ["t.py::test_a", "t.py::test_b",
                                            "t.py::TestC::test_d"]
     assert expected_tests("t.py", b"def (") == []
+
+
+def test_plain_diff_names_and_odd_line_separators():
+    files = {"a.py": b"x = 1\n\x0cy = 2\r\nz = 3\n"}
+    diff = ("--- a.py.orig\t2024-01-01\n+++ a.py\t2024-01-02\n@@ -2,2 +2,2 @@\n"
+            " \x0cy = 2\r\n-z = 3\n+z = 4\n")
+    assert apply_patch(files, diff) == {"a.py": b"x = 1\n\x0cy = 2\r\nz = 4\n"}

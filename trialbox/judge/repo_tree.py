@@ -216,8 +216,8 @@ def _shadows(path: str, tree: dict[str, bytes]) -> bool:
 
 def _changed_lines(old: bytes, new: bytes) -> frozenset[int]:
     """1-based line numbers of `new` that are not in `old` (inserted or replaced)."""
-    a = old.decode("utf-8", "replace").splitlines()
-    b = new.decode("utf-8", "replace").splitlines()
+    a = [line.rstrip("\r\n") for line in _lines(old.decode("utf-8", "replace"))]
+    b = [line.rstrip("\r\n") for line in _lines(new.decode("utf-8", "replace"))]
     lines: set[int] = set()
     for op, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, a, b,
                                                         autojunk=False).get_opcodes():
@@ -257,7 +257,7 @@ def apply_patch(files: dict[str, bytes], patch: str) -> dict[str, bytes]:
     {'f.py': b'x = 2\\n'}
     """
     out = dict(files)
-    lines = patch.splitlines(keepends=True)
+    lines = _lines(patch)
     i, touched = 0, 0
     while i < len(lines):
         line = lines[i]
@@ -274,6 +274,10 @@ def apply_patch(files: dict[str, bytes], patch: str) -> dict[str, bytes]:
         old_path = _patch_path(line[4:], i + 1)
         new_path = _patch_path(lines[i + 1][4:], i + 2)
         i += 2
+        if old_path is not None and new_path is not None and old_path != new_path:
+            # `diff -u calc.py.orig calc.py` names two files for one: the one that
+            # exists is meant (renames are refused below, so it cannot move a file).
+            old_path = new_path = new_path if new_path in out else old_path
         target = new_path or old_path
         if target is None:
             raise TreeError(f"patch line {i - 1}: both sides are /dev/null")
@@ -284,7 +288,7 @@ def apply_patch(files: dict[str, bytes], patch: str) -> dict[str, bytes]:
         else:
             if old_path not in out:
                 raise TreeError(f"patch changes {old_path}, which does not exist")
-            text = out[old_path].decode("utf-8", "surrogateescape").splitlines(keepends=True)
+            text = _lines(out[old_path].decode("utf-8", "surrogateescape"))
         hunks = []
         while i < len(lines) and lines[i].startswith("@@"):
             hunk, i = _read_hunk(lines, i)
@@ -302,14 +306,18 @@ def apply_patch(files: dict[str, bytes], patch: str) -> dict[str, bytes]:
                 raise TreeError(f"patch deletes {old_path} but leaves lines in it")
             del out[target]
         else:
-            if old_path is not None and old_path != new_path:
-                raise TreeError(f"patch renames {old_path} to {new_path}; send a deletion "
-                                "and a creation instead")
             out[target] = "".join(text).encode("utf-8", "surrogateescape")
     if not touched:
         raise TreeError("the patch changes no file (no '--- a/...' / '+++ b/...' header "
                         "followed by hunks); send a unified diff")
     return out
+
+
+def _lines(text: str) -> list[str]:
+    """Lines with their ends, split at "\n" only (`str.splitlines` also splits at form
+    feeds and other separators that diff tools treat as ordinary characters)."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def _patch_path(header: str, lineno: int) -> str | None:
