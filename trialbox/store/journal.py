@@ -184,7 +184,7 @@ class Journal:
         self._turns: list[tuple[Any, ...]] = []
         self._grades: list[tuple[Any, ...]] = []
         self._results: list[tuple[Any, ...]] = []
-        self._future: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
         self.broken: JournalError | None = None
         """Set at the first failed commit; every later write raises it."""
         self.commits = 0
@@ -246,33 +246,38 @@ class Journal:
         return self._pending()
 
     def _pending(self) -> asyncio.Future[None]:
+        # One future per waiter, not one per batch: cancelling a waiter (a preempted job)
+        # cancels the future it awaits, and must not cancel its batch-mates' waits.
         if self.broken is not None:
             raise self.broken
-        if self._future is None:
-            loop = asyncio.get_running_loop()
-            self._future = loop.create_future()
+        loop = asyncio.get_running_loop()
+        if not self._waiters:
             loop.call_soon(self.flush)
-        return self._future
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(fut)
+        return fut
 
     def flush(self) -> None:
-        """Commit the staged rows as one transaction and resolve the batch's future."""
-        fut, self._future = self._future, None
+        """Commit the staged rows as one transaction and resolve the batch's futures."""
+        waiters, self._waiters = self._waiters, []
         batch = (self._transitions, self._task_updates, self._turns, self._grades,
                  self._results)
         self._transitions, self._task_updates, self._turns = [], [], []
         self._grades, self._results = [], []
         err: JournalError | None = self.broken
-        if err is None:
+        if err is None and any(batch):
             try:
                 self._commit(*batch)
             except JournalError as e:
                 err = e
-        if fut is not None and not fut.done():
+        for fut in waiters:
+            if fut.done():  # its waiter was cancelled; the rows are committed all the same
+                continue
             if err is None:
                 fut.set_result(None)
             else:
                 fut.set_exception(err)
-                fut.exception()  # retrieved here too: a waiter may already be gone
+                fut.exception()  # retrieved here too: not every future is awaited
 
     def _commit(self, transitions: list[tuple[Any, ...]], updates: list[tuple[Any, ...]],
                 turns: list[tuple[Any, ...]], grades: list[tuple[Any, ...]],
@@ -325,7 +330,7 @@ class Journal:
 
     def flush_now(self) -> None:
         """Commit whatever is staged, outside the loop's tick (shutdown, tests)."""
-        if self._future is not None or self._transitions or self._results:
+        if self._waiters or self._transitions or self._turns or self._results:
             self.flush()
 
     # -- recovery ----------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""`trialbox tasks status RUN` and `trialbox tasks show TASK`: a journal's view of a run.
+
+    trialbox tasks status run-1 --db run.db [--json]    counts by state, infra-failure
+                                                        rate, slowest tasks
+    trialbox tasks show HumanEval/0 --db run.db [--run run-1] [--json]
+                                                        every transition, turn, grade and
+                                                        the result of that task
+    trialbox tasks export run-1 --db run.db --to DIR_OR_URL [--format jsonl|parquet]
+
+`--db` defaults to $TRIALBOX_JOURNAL, then `trialbox.db`. Unknown runs or tasks, a
+missing or corrupt journal: a one-line error saying what to change (exit 2 for a wrong
+argument, 3 for a journal that cannot be read); nothing is ever written to the journal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    t = sub.add_parser("tasks", help="a run's tasks from the scheduler's journal",
+                       description="Read the scheduler's journal (read-only): counts by "
+                       "state, one task's full history, export of a run's trajectories.")
+    tsub = t.add_subparsers(dest="tasks", required=True)
+    default_db = os.environ.get("TRIALBOX_JOURNAL", "trialbox.db")
+    st = tsub.add_parser("status", help="counts by state, infra-failure rate, slowest tasks")
+    st.add_argument("run", help="run id")
+    sh = tsub.add_parser("show", help="one task's transitions, turns, grades and result")
+    sh.add_argument("task", help="task id")
+    sh.add_argument("--run", default=None, help="only this run (default: every run)")
+    ex = tsub.add_parser("export", help="a run's trajectories as JSONL or Parquet")
+    ex.add_argument("run", help="run id")
+    ex.add_argument("--to", required=True, help="directory or fsspec URL (s3://…)")
+    ex.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    for p in (st, sh, ex):
+        p.add_argument("--db", default=default_db,
+                       help=f"journal file (default $TRIALBOX_JOURNAL or {default_db})")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(handler=main)
+
+
+def _ts(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def main(args: argparse.Namespace) -> int:
+    from trialbox.store.records import Records
+    if args.tasks == "export":
+        from trialbox.store.artifacts import ArtifactStore
+        from trialbox.store.export import export_run
+        out = export_run(args.db, args.run, ArtifactStore(args.to), args.format)
+        print(json.dumps(out))
+        return 0
+    with Records(args.db) as rec:
+        if args.tasks == "status":
+            summary = rec.summary(args.run)
+            if args.json:
+                print(json.dumps(summary))
+                return 0
+            print(f"run {args.run}: {summary['tasks']} tasks, {summary['final']} final")
+            for state, n in summary["counts"].items():
+                print(f"  {state:<11} {n}")
+            mean = summary["mean_reward"]
+            print(f"rewarded {summary['rewarded']}, mean reward "
+                  f"{'-' if mean is None else f'{mean:.3f}'}, infra-failure rate "
+                  f"{summary['infra_failure_rate']:.3f}")
+            if summary["slowest"]:
+                print("slowest: " + ", ".join(f"{t} {s:.2f}s" for t, s in summary["slowest"]))
+            return 0
+        histories = rec.history(args.task, args.run)
+        if args.json:
+            print(json.dumps([h.to_json() for h in histories]))
+            return 0
+        for h in histories:
+            print(f"{h.task_id} in run {h.run_id}: {h.state}, attempt {h.attempt}, "
+                  f"priority {h.priority}, {h.infra_failures} infra failures, "
+                  f"{h.preemptions} preemptions, trace {h.trace_id}")
+            for t in h.transitions:
+                extra = " ".join(x for x in (t.cause and f"[{t.cause}]", t.message,
+                                             t.sandbox and f"sandbox={t.sandbox}",
+                                             t.runtime and f"runtime={t.runtime}") if x)
+                print(f"  {_ts(t.at)}  #{t.attempt}  {t.old or '-':>10} -> {t.new:<10} "
+                      f"{extra}")
+            print(f"  turns: {len(h.turns)}; grades: {len(h.grades)}; result: "
+                  f"{json.dumps(h.result)}")
+    return 0
