@@ -170,13 +170,18 @@ def test_infrastructure_failure_gives_reward_none(runner):
     async def broken(limits):
         raise SandboxStartError("no cell could be started (test)")
 
-    leaser = DirectLeaser(broken)
-    batch = runner.run(rollout(ScriptedPolicy([RIGHT]), [SQUARE], group_size=2,
-                               max_turns=3, config=FAST, pool=runner.pool, leaser=leaser))
+    batch = runner.run(rollout(ScriptedPolicy([WRONG]), [SQUARE], group_size=2,
+                               max_turns=3, config=FAST, pool=runner.pool,
+                               leaser=DirectLeaser(broken)))
     for tr in batch.trajectories:
         assert tr.reward is None and tr.stop_reason == "infra" and not tr.passed
         assert len(tr.turns) == 1 and "no cell could be started" in tr.turns[0].exec_summary
+        assert tr.turns[0].outcome is Outcome.FAILED  # the judge worked; the session did not
     assert batch.stats.excluded == 2
+    # Code the judge passes is a pass: the trusted grade does not need the session's run.
+    [tr] = runner.run(rollout(ScriptedPolicy([RIGHT]), [SQUARE], max_turns=3, config=FAST,
+                              pool=runner.pool, leaser=DirectLeaser(broken))).trajectories
+    assert tr.passed and tr.reward == 1.0 and tr.turns[0].exec_status.value == "infra"
 
 
 def test_a_dead_policy_ends_the_rollout_and_releases_everything(runner):
@@ -273,3 +278,24 @@ def test_the_schedulers_leaser_plugs_in_unchanged(runner):
     assert [t.passed for t in batch.trajectories] == [True, True, True]
     assert resources.peak_cpus == one.cpus and resources.cpus == 0
     assert leaser.stats.leases == 6 and leaser.stats.sessions_closed == 3
+
+
+@pytest.mark.parametrize("how", ["graded-infra", "raised"])
+def test_a_judge_infrastructure_failure_is_excluded(runner, monkeypatch, how):
+    """The judge's INFRA (its retries exhausted), or a judge sandbox that cannot be had,
+    excludes the episode: reward None, never 0.0. (The judge stands in here; its own
+    infra path is tested in tests/judge.)"""
+    from trialbox.errors import SandboxStartError
+    from trialbox.rollout import agent
+    from trialbox.types import Grade
+
+    async def judge(task, completion, *args, **kw):
+        if how == "raised":
+            raise SandboxStartError("no cell for the judge (test)")
+        return Grade(task.task_id, Outcome.INFRA, message="retries exhausted (test)")
+
+    monkeypatch.setattr(agent, "judge_function", judge)
+    [tr] = runner.run(rollout(ScriptedPolicy([WRONG]), [SQUARE], max_turns=3, config=FAST,
+                              pool=runner.pool, leaser=leaser_on(runner.pool))).trajectories
+    assert tr.reward is None and tr.stop_reason == "infra" and len(tr.turns) == 1
+    assert tr.turns[0].outcome is Outcome.INFRA and tr.turns[0].feedback_text == ""

@@ -468,18 +468,20 @@ def _completion(code: str, code_from: str) -> str:
 
 
 async def _judge(env: _Env, task: Task, completion: str) -> Grade:
-    if task.kind is TaskKind.STDIO:
-        return await judge_stdio(task, completion, env.pool, env.cfg.stdio_judge,
-                                 env.cfg.language)
+    """The trusted judge's grade. The judges retry infrastructure failures they see in
+    results; one raised as an exception (a sandbox that cannot be had) is INFRA too."""
     try:
+        if task.kind is TaskKind.STDIO:
+            return await judge_stdio(task, completion, env.pool, env.cfg.stdio_judge,
+                                     env.cfg.language)
         harness = env.harnesses.pop() if env.harnesses else \
             await open_harness(env.pool, env.cfg.judge)
-    except InfraError as e:  # judge_function retries its own failures; this is before it
-        return Grade(task.task_id, Outcome.INFRA, message=f"judge harness: {e}")
-    try:
-        return await judge_function(task, completion, env.pool, env.cfg.judge, harness)
-    finally:
-        env.harnesses.append(harness)
+        try:
+            return await judge_function(task, completion, env.pool, env.cfg.judge, harness)
+        finally:
+            env.harnesses.append(harness)
+    except InfraError as e:
+        return Grade(task.task_id, Outcome.INFRA, message=f"the judge's sandbox: {e}")
 
 
 async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
@@ -542,9 +544,11 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
             env_s = time.monotonic() - t0
             grade = g or grade
             infra = run is not None and run.status is ExecStatus.INFRA
-            if g is not None and g.passed and not infra:
+            if g is not None and g.passed:  # the judge's word stands, whatever the run
                 stop_reason = "passed"
             elif infra or (g is not None and g.outcome is Outcome.INFRA):
+                # The judge or the episode's own session failed: its feedback would be
+                # about the machinery, not the code. Excluded (reward None).
                 stop_reason = "infra"
             elif g is not None and g.outcome is Outcome.ERROR:
                 stop_reason = "task_error"
