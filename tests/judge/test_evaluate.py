@@ -173,7 +173,8 @@ def test_eval_grades_repo_and_stdio_rows(runner, tmp_path):
         {"task_id": "sum", "completion": "print(sum(map(int, input().split())))\n"}]))
     spec = RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1, binary=False)
     rows, summary = runner.run(evaluate(index(load_jsonl(tf)), read_samples(str(sf)),
-                                        runner.pool, workers=2, reward_spec=spec))
+                                        runner.pool, workers=2, reward_spec=spec,
+                                        repeat=2))
     good, wrong, cheat, stdio = rows
     assert good["outcome"] == "passed" and good["efficiency"] is not None
     assert good["memory"] is not None and good["reward"] > 0.7
@@ -187,3 +188,33 @@ def test_eval_grades_repo_and_stdio_rows(runner, tmp_path):
     assert stdio["outcome"] == "passed" and stdio["efficiency"] is not None
     assert summary["visible_hidden_gap"] is not None and summary["outcomes"] == {
         "passed": 2, "failed": 1, "cheat": 1}
+    # Same tree, same outcome on the repeat (the weighted rewards themselves move with
+    # timing noise through the efficiency score).
+    assert all(r["repeats"][0]["outcome"] == r["outcome"] for r in rows)
+
+
+def test_eval_cli_grades_a_repo_task_from_directories(tmp_path):
+    """`trialbox eval` end to end on a repository task whose tree and hidden tests are
+    directories beside the task file."""
+    (tmp_path / "src" / "calc").mkdir(parents=True)
+    (tmp_path / "src" / "calc" / "__init__.py").write_text("")
+    (tmp_path / "src" / "calc" / "ops.py").write_text("def add(a, b):\n    return a - b\n")
+    (tmp_path / "hidden" / "tests").mkdir(parents=True)
+    (tmp_path / "hidden" / "tests" / "test_ops.py").write_text(
+        "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(
+        {"task_id": "calc", "kind": "repo", "prompt": "Fix add.", "files": "src",
+         "hidden_test_files": "hidden"}) + "\n")
+    fix = ("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+           "-    return a - b\n+    return a + b\n")
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"task_id": "calc", "completion": fix}, {"task_id": "calc", "files": {}}]))
+    out = tmp_path / "graded.jsonl"
+    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "eval", "--tasks",
+                        str(tmp_path / "tasks.jsonl"), "--samples",
+                        str(tmp_path / "samples.jsonl"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["outcome"], r["reward"]) for r in rows] == [("passed", 1.0), ("failed", 0.0)]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["pass@1"] == 0.5

@@ -38,7 +38,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from trialbox.errors import UsageError
@@ -396,7 +396,7 @@ def _quotes_hidden(message: str, task: Task) -> bool:
     return any(line in message for line in _hidden_lines(task))
 
 
-@cache
+@lru_cache(maxsize=256)  # bounded: a training run sees many tasks
 def _hidden_lines(task: Task) -> frozenset[str]:
     return frozenset(line.strip() for _, d in task.hidden_test_files
                      for line in d.decode("utf-8", "replace").splitlines()
