@@ -154,3 +154,34 @@ def test_reviewer_verdict_is_stored_and_changes_the_error_rate(
     with ReviewQueue(db) as q:
         assert q.stats().sample_reviewed == 2 and q.stats().error_rate == 0.5
     page.close()
+
+
+def test_run_page_draws_the_reward_curve_and_the_trace_page_its_spans(
+        browser: Browser) -> None:
+    from tests.telemetry.serving import dashboard_app, serve
+    from trialbox import telemetry
+
+    app = dashboard_app()  # sets up tracing with the dashboard's span keeper
+    with telemetry.use_metrics():
+        for step, mean in enumerate((0.1, 0.25, 0.4, 0.7)):
+            telemetry.record_train_step("run-b", step, reward_mean=mean, loss=1.0 / (step + 1))
+        with telemetry.span("episode"):
+            with telemetry.span("judge.grade", {"task.id": "T1"}):
+                trace_id = telemetry.current_ids()[0]  # type: ignore[index]
+        with serve(app) as url:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(url + "/runs/run-b")
+            page.get_by_test_id("last-reward_mean").filter(has_text="0.700").wait_for()
+            assert page.get_by_test_id("run-steps").inner_text() == "4"
+            # uPlot drew the curve: a canvas with the run's size inside the card
+            box = page.locator("[data-testid=curve-reward_mean] canvas").bounding_box()
+            assert box is not None and box["width"] > 200 and box["height"] > 100
+            page.screenshot(path=str(ARTIFACTS / "run.png"))
+            page.goto(f"{url}/traces/{trace_id}")
+            spans = page.get_by_test_id("spans")
+            spans.filter(has_text="judge.grade").wait_for()
+            text = spans.inner_text()
+            assert text.index("episode") < text.index("judge.grade")
+            assert "task.id=T1" in text
+            page.close()
+    assert (ARTIFACTS / "run.png").stat().st_size > 5_000
