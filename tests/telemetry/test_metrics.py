@@ -172,6 +172,35 @@ def test_otlp_export_reaches_a_real_receiver() -> None:
     assert "exported" in names
 
 
+def test_otlp_endpoint_from_the_environment(tmp_path: Any) -> None:
+    """The configured path for real: a fresh process with OTEL_EXPORTER_OTLP_ENDPOINT set
+    calls setup_tracing() (batching exporter), makes a span, flushes."""
+    import os
+    import subprocess
+    import sys
+    _Collector.bodies = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    code = ("from trialbox import telemetry\n"
+            "telemetry.setup_tracing()\n"
+            "with telemetry.span('from-env'):\n    pass\n"
+            "assert telemetry.flush(10)\n")
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT":
+           f"http://127.0.0.1:{server.server_address[1]}", "OTEL_SERVICE_NAME": "tb-test"}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, timeout=60,
+                              capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    [body] = _Collector.bodies
+    req = ExportTraceServiceRequest.FromString(body)
+    [rs] = req.resource_spans
+    service = {a.key: a.value.string_value for a in rs.resource.attributes}["service.name"]
+    assert service == "tb-test"
+    assert [s.name for ss in rs.scope_spans for s in ss.spans] == ["from-env"]
+
+
 def test_bad_tracing_config_says_what_to_change() -> None:
     with pytest.raises(UsageError, match="otlp_endpoint"):
         tracing.TracingConfig(otlp_endpoint="localhost:4318")
