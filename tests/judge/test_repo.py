@@ -32,6 +32,7 @@ TASK = Task(
     test_command=("pytest",))
 GOOD = ("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
         "-    return a - b\n+    return a + b\n")
+GOOD_OPS = "def add(a, b):\n    return a + b\n"
 FAST = RepoJudgeConfig(limits=Limits(wall_s=20, cpu_s=20, memory_mb=512, disk_mb=32))
 ALL = {"tests/test_ops.py::test_add", "tests/test_hidden.py::test_more[1-1]",
        "tests/test_hidden.py::test_more[2-5]", "tests/test_hidden.py::TestNeg::test_neg"}
@@ -223,3 +224,13 @@ def test_the_tasks_own_conftest_is_used_and_the_candidates_is_not(runner):
     g = judge(runner, {"conftest.py": "import pytest\n\n\n@pytest.fixture\ndef three():\n"
                                       "    return -1\n"}, task)
     assert_not_passed(g, "conftest-injection")
+
+
+def test_hang_is_a_timeout_and_memory_bomb_is_memory(runner):
+    tight = RepoJudgeConfig(limits=Limits(wall_s=3, cpu_s=3, memory_mb=128, disk_mb=32))
+    g = runner.run(judge_repo(TASK, wrong_ops("while True:\n    pass\n"), runner.pool, tight))
+    assert g.outcome is Outcome.TIMEOUT and not any(t.passed for t in g.tests), g
+    g = runner.run(judge_repo(TASK, {"calc/ops.py": "_hog = b'x' * (512 << 20)\n" + GOOD_OPS},
+                              runner.pool, tight))
+    assert g.outcome is Outcome.MEMORY and not any(t.passed for t in g.tests), g
+    assert reward_of(g) == 0.0
