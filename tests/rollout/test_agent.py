@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trialbox.errors import UsageError
-from trialbox.rollout.agent import AgentConfig, default_prompt, rollout
+from trialbox.rollout.agent import AgentConfig, rollout
+from trialbox.rollout.text import default_prompt
 from trialbox.rollout.policy import ByteTokenizer, ScriptedPolicy
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.schedule.lease import DirectLeaser

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trialbox.errors import UsageError
-from trialbox.rollout.agent import clip, default_prompt, extract_code, feedback_report
+from trialbox.rollout.text import clip, default_prompt, extract_code, feedback_report
 from trialbox.rollout.policy import Generation, ScriptedPolicy, stop_at
 from trialbox.types import (
     ExecResult,

@@ -27,7 +27,6 @@ the judge's grade of the last turn's code, minus `turn_penalty` per extra turn.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,6 +39,13 @@ from trialbox.judge.function import JudgeConfig, judge_function, open_harness
 from trialbox.judge.reward import RewardSpec, reward
 from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.rollout.policy import Generation, Policy
+from trialbox.rollout.text import (
+    default_prompt,
+    exec_summary,
+    extract_code,
+    feedback_report,
+    wrap_feedback,
+)
 from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.languages import language, run_code
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -174,139 +180,6 @@ class RolloutBatch:
 
     trajectories: list[Trajectory]
     stats: RolloutStats
-
-
-# --------------------------------------------------------------------------- text
-
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
-_OPEN_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n")
-
-
-def extract_code(text: str) -> tuple[str | None, str]:
-    """The code in a model's output, and where it came from.
-
-    * "fenced": the last complete ```python (or ```py, or bare ```) block; or, when a
-      block was opened but never closed (the model ran out of tokens), what follows
-      the opening fence (```python anywhere, or a bare ``` with nothing before it);
-    * "raw": no fence at all — the whole output is taken as code (a completion-style
-      model continuing the prompt); a lone bare fence after some code ends the raw
-      code (it closes a block the prompt itself opened);
-    * (None, ""): nothing but whitespace.
-
-    >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
-    ('def f():\\n    return 1\\n', 'fenced')
-    >>> extract_code("    return x + 1\\n")
-    ('    return x + 1\\n', 'raw')
-    """
-    blocks = _FENCE.findall(text)
-    m = _OPEN_FENCE.search(text)
-    if blocks:
-        code, source = blocks[-1], "fenced"
-    elif m is not None and (m.group(1) or not text[:m.start()].strip()):
-        # ```python opens a block; so does a bare ``` with nothing before it.
-        code, source = text[m.end():], "fenced"
-    elif "```" in text:  # a bare fence after code closes a block the prompt opened
-        code, source = text[:text.index("```")], "raw"
-    else:
-        code, source = text, "raw"
-    if not code.strip():
-        return None, ""
-    return code, source
-
-
-def clip(text: str, limit: int) -> str:
-    """`text` cut to about `limit` characters, keeping the head and (mostly) the tail —
-    the end of a traceback says what went wrong.
-
-    >>> clip("a" * 10 + "b" * 10, 12)
-    'aaa\\n… 11 characters cut …\\nbbbbbbbbb'
-    """
-    if len(text) <= limit:
-        return text
-    head = limit // 4
-    tail = limit - head
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n… {cut + 2} characters cut …\n{text[len(text) - tail + 2:]}" \
-        if tail > 2 else text[:limit]
-
-
-def default_prompt(task: Task) -> str:
-    """The first prompt: the task, its VISIBLE tests, and the answer format."""
-    if task.kind is TaskKind.FUNCTION:
-        parts = ["Complete the Python function below. Answer with the whole function in "
-                 "one ```python block.\n\n" + task.prompt.rstrip() + "\n"]
-        if task.visible_tests:
-            parts.append("Tests it must pass (`candidate` is your function):\n"
-                         + "\n".join(t.code.strip() for t in task.visible_tests) + "\n")
-    else:
-        parts = ["Write a program that reads standard input and writes standard output. "
-                 "Answer with the whole program in one ```python block.\n\n"
-                 + task.prompt.rstrip() + "\n"]
-        for t in task.visible_tests:
-            parts.append(f"Example input:\n{t.stdin.decode(errors='replace')}\n"
-                         f"Expected output:\n{t.expected.decode(errors='replace')}\n")
-    return "\n".join(parts) + "\n"
-
-
-def wrap_feedback(report: str) -> str:
-    """The default framing of a feedback report in the context."""
-    return (f"\n\nFeedback:\n{report.rstrip()}\n\nFix the code and answer again with the "
-            "whole solution in one ```python block.\n\n")
-
-
-def exec_summary(r: ExecResult | None) -> str:
-    """A compact account of a run: status, exit code, the tail of stderr."""
-    if r is None:
-        return ""
-    head = r.status.value + (f" (exit {r.exit_code})" if r.exit_code not in (None, 0) else "")
-    if r.message:
-        head += f": {r.message}"
-    err = (r.compile.stderr_text if r.compile is not None and not r.compile.ok
-           else r.stderr_text).strip()
-    return head + (f"\n{clip(err, 600)}" if err else "")
-
-
-def feedback_report(task: Task, code: str | None, run: ExecResult | None,
-                    grade: Grade | None, limit: int) -> str:
-    """What the model is told about one turn. Built only from what it may see: its own
-    run (status, stderr), the VISIBLE tests (their code and failure messages) and the
-    outcome. Hidden tests are never named, quoted or counted one by one; at most the
-    model learns that the code "fails tests you cannot see".
-
-    Worked example (a function task whose visible test `assert candidate(2) == 4`
-    fails): "Visible tests failed: 1 of 1\\n- assert candidate(2) == 4: assertion failed".
-    """
-    if code is None:
-        return "No code found. Write the solution in one ```python block."
-    lines: list[str] = []
-    if run is not None and run.status is not ExecStatus.OK:
-        lines.append("Running your code: " + exec_summary(run))
-    if grade is not None:
-        visible = [t for t in grade.tests if not t.hidden]
-        failed = [t for t in visible if not t.passed]
-        code_of = {t.name: t.code.strip() for t in task.visible_tests}
-        if grade.outcome is Outcome.CHEAT:
-            lines.append("The solution was rejected: it tampers with the test machinery "
-                         f"({', '.join(grade.flags)}).")
-        elif failed and not lines:
-            lines.append(f"Visible tests failed: {len(failed)} of {len(visible)}")
-            messages = {t.message for t in failed}
-            if len(failed) > 1 and len(messages) == 1:  # e.g. the solution did not load
-                lines.append(f"- all of them: {clip(messages.pop() or 'failed', 600)}")
-            else:
-                for t in failed[:5]:
-                    what = code_of.get(t.name) or t.name
-                    lines.append(f"- {clip(what, 200)}: {clip(t.message or 'failed', 300)}")
-                if len(failed) > 5:
-                    lines.append(f"- … and {len(failed) - 5} more")
-        elif failed:
-            lines.append(f"Visible tests failed: {len(failed)} of {len(visible)}.")
-        elif not grade.passed:
-            why = {Outcome.TIMEOUT: " (it ran out of time)",
-                   Outcome.MEMORY: " (it ran out of memory)"}.get(grade.outcome, "")
-            lines.append(("All visible tests pass, but the" if visible else "The")
-                         + f" solution is not accepted{why}: it fails tests you cannot see.")
-    return clip("\n".join(lines) or "The solution is not accepted.", limit)
 
 
 # --------------------------------------------------------------------------- batching
