@@ -1,6 +1,8 @@
 """The `trialbox` command line.
 
-    trialbox demo                              the main job as it stands (make demo)
+    trialbox demo [--seed N] [--smoke]         a tiny model learns to code (make demo)
+    trialbox demo sandbox                      the sandbox and judge showcase
+    trialbox train CONFIG.toml                 SFT warm start + GRPO over judged episodes
     trialbox exec --json --file prog.py        run a program in a sandbox, print the result
     trialbox exec --json -- gcc --version      …or any command
     trialbox eval --tasks humaneval --samples S.jsonl --out graded.jsonl
@@ -147,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     ast_.add_argument("--db", required=True, help="review queue (SQLite file)")
     ast_.add_argument("--run-id", default=None, help="only this run")
 
-    sub.add_parser("demo", help="the showcase: good and hostile programs, contained")
+    from trialbox.train.cli import add_parsers as add_train_parsers
+    add_train_parsers(sub)  # demo [sandbox], train CONFIG.toml
     from trialbox.service.server import add_parser as add_serve_parser
     add_serve_parser(sub)
     from trialbox.schedule.cli import add_parser as add_tasks_parser
@@ -181,9 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_eval(args))
         if args.command == "audit":
             return _audit(args)
-        if args.command == "demo":
-            from trialbox.demo import main as demo_main
-            return demo_main()
+        if args.command in ("demo", "train"):
+            from trialbox.train.cli import main as train_main
+            return train_main(args)
         if args.command == "serve":
             from trialbox.service.server import main as serve_main
             return serve_main(args)
