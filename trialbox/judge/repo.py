@@ -93,7 +93,7 @@ class RepoJudgeConfig:
                              f"{self.retries!r}")
 
 
-def test_modules(task: Task) -> list[str]:
+def graded_modules(task: Task) -> list[str]:
     """The trusted test files pytest is given (`test_*.py`, `*_test.py`); other files in
     the test sets (helpers, data, conftest.py) are only put in place."""
     names = [p for p, _ in (*task.test_files, *task.hidden_test_files)]
@@ -110,7 +110,7 @@ async def judge_repo(task: Task, answer: Answer, pool: CellPool,
     if task.kind is not TaskKind.REPO:
         raise UsageError(f"{task.task_id}: judge_repo needs a REPO task, got "
                          f"kind={task.kind.value!r}")
-    if not test_modules(task):
+    if not graded_modules(task):
         raise UsageError(f"{task.task_id}: the task has no test module (test_*.py or "
                          "*_test.py) among its test files")
     t0 = time.monotonic()
@@ -209,7 +209,7 @@ async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
     repo = f"{WORKSPACE}/{REPO_DIR}"
     trusted = {**dict(task.test_files), **dict(task.hidden_test_files),
                **{p: d for p, d in task.files if posixpath.basename(p) == "conftest.py"}}
-    modules = test_modules(task)
+    modules = graded_modules(task)
     job = {"nonce": nonce, "repo": repo,
            "trusted": {f"{repo}/{p}": hashlib.sha256(d).hexdigest()
                        for p, d in trusted.items() if p.endswith(".py")},
@@ -435,5 +435,5 @@ def _not_run(task: Task, why: str) -> tuple[TestResult, ...]:
     hidden = {p for p, _ in task.hidden_test_files}
     sources = {**dict(task.test_files), **dict(task.hidden_test_files)}
     return tuple(sorted((TestResult(n, False, why, 0.0, p in hidden)
-                         for p in test_modules(task) for n in expected_tests(p, sources[p])),
+                         for p in graded_modules(task) for n in expected_tests(p, sources[p])),
                         key=lambda t: (not t.hidden, t.name)))
