@@ -414,7 +414,7 @@ class Scheduler:
                     reward = await self.job(ctx)
                 else:
                     rec.deadline = None if c.task_timeout_s is None else t0 + c.task_timeout_s
-                    async with asyncio.timeout(self._turn_deadline(rec)) as tm:
+                    async with asyncio.timeout_at(self._turn_deadline(rec)) as tm:
                         rec.timeout = tm
                         reward = await self.job(ctx)
             finally:

@@ -212,8 +212,15 @@ class Journal:
                 (run_id, *chunk)))
         new = [(run_id, tid, prio, "pending", 1, 0, 0, at, at, trace, dumps(payload))
                for tid, prio, trace, payload in rows if tid not in known]
-        self._write(lambda c: c.executemany(
-            "INSERT OR IGNORE INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?,?)", new))
+        born = [(run_id, r[1], 1, "", "pending", at, "", "", r[9], "submit", "")
+                for r in new]
+
+        def body(c: sqlite3.Connection) -> None:
+            c.executemany("INSERT INTO tasks VALUES (?,?,?,?,?,?,?,?,?,?,?)", new)
+            c.executemany("INSERT INTO transitions (run_id, task_id, attempt, old, new, at, "
+                          "sandbox, runtime, trace_id, cause, message) "
+                          "VALUES (?,?,?,?,?,?,?,?,?,?,?)", born)
+        self._write(body)
         return {r[1] for r in new}
 
     # -- staged writes (group commit) --------------------------------------------------
