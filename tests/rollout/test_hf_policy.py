@@ -99,6 +99,14 @@ def test_sampling_is_seeded_and_runs_off_the_event_loop(saved):
     assert ticks > 1, "the event loop kept running while the model generated"
 
 
+def test_loading_in_another_dtype(saved):
+    policy = HFPolicy.from_pretrained(str(saved), tokenizer=TOK, dtype=torch.float64)
+    assert next(policy.model.parameters()).dtype == torch.float64
+    [g] = asyncio.run(policy.generate([TOK.encode("ab")], max_new_tokens=4,
+                                      temperature=1.0, stop=None))
+    assert len(g.token_ids) >= 1
+
+
 def test_bad_input(tmp_path):
     missing = tmp_path / "no-such-model"
     with pytest.raises(UsageError, match="no-such-model"):

@@ -96,8 +96,11 @@ class HFPolicy:
                 raise UsageError(f"no tokenizer could be loaded from {str(path)!r} ({e}); "
                                  "pass tokenizer=") from e
         kwargs: dict[str, Any] = {"local_files_only": True}
-        if dtype is not None:
-            kwargs["dtype"] = dtype
+        if dtype is not None:  # transformers < 4.56 calls it torch_dtype
+            import transformers
+            from packaging.version import Version
+            old = Version(transformers.__version__) < Version("4.56")
+            kwargs["torch_dtype" if old else "dtype"] = dtype
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         return cls(model, tokenizer, device=str(dev), seed=seed)
 
