@@ -217,10 +217,13 @@ def test_a_forged_report_through_the_runner_module_is_flagged(runner):
 
 def test_the_tasks_own_conftest_is_used_and_the_candidates_is_not(runner):
     task = replace(TASK, task_id="calc-fixture", files=TASK.files + (
-        ("conftest.py", b"import pytest\n\n\n@pytest.fixture\ndef three():\n    return 3\n"),),
+        ("conftest.py", b"import pytest\n\n\n@pytest.fixture\ndef three():\n    return 3\n"),
+        ("tests/conftest.py",
+         b"def pytest_runtest_setup(item):\n    item.user_properties.append(1)\n"),),
         test_files=(("tests/test_ops.py", b"from calc.ops import add\n\n\n"
                      b"def test_add(three):\n    assert add(1, 2) == three\n"),))
-    assert judge(runner, GOOD, task).outcome is Outcome.PASSED
+    g = judge(runner, GOOD, task)
+    assert g.outcome is Outcome.PASSED and g.flags == (), (g.message, g.flags)  # its hooks too
     g = judge(runner, {"conftest.py": "import pytest\n\n\n@pytest.fixture\ndef three():\n"
                                       "    return -1\n"}, task)
     assert_not_passed(g, "conftest-injection")

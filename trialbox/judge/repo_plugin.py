@@ -178,8 +178,7 @@ class _Plugin:
         _install_finder(session.config)  # first again, whatever registered since
         pm = session.config.pluginmanager
         self.plugins = {id(p) for p in pm.get_plugins()}
-        self.hooks = {name: [i.function for i in getattr(pm.hook, name).get_hookimpls()]
-                      for name in _WATCHED_HOOKS}
+        self.hooks = {name: _impls(pm, name) for name in _WATCHED_HOOKS}
 
     # -- checks -----------------------------------------------------------------------
     def check(self):
@@ -205,7 +204,7 @@ class _Plugin:
                     found.append("a plugin was registered at run time: %r"
                                  % (pm.get_name(p),))
             for name, impls in self.hooks.items():
-                now = [i.function for i in _getattr(pm.hook, name).get_hookimpls()]
+                now = _impls(pm, name)
                 if len(now) != len(impls) or any(
                         a is not b for a, b in zip(now, impls, strict=True)):
                     found.append("the %s hook implementations changed" % name)
@@ -237,6 +236,13 @@ class _Plugin:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         _state["finished"] = True
+
+
+def _impls(pm, name):
+    """A hook's implementations, except those of the task's own conftest files (a trusted
+    conftest in a deeper directory registers while collection runs)."""
+    return [i.function for i in _getattr(pm.hook, name).get_hookimpls()
+            if _getattr(i.plugin, "__file__", None) not in PRISTINE]
 
 
 _OWN = {m: getattr(_Plugin, m).__code__ for m in (
