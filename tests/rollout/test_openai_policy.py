@@ -196,3 +196,33 @@ def test_caller_mistakes_are_usage_errors(server):
         gen(policy, [TOK.encode("x")], max_new_tokens=0)
     assert isinstance(make_policy("openai", base_url=server.url, model="tiny",
                                   tokenizer=TOK), OpenAIPolicy)
+
+
+def test_agent_loop_over_http(server, runner):
+    """rollout() with the HTTP policy: the server's token ids are the trajectory's model
+    tokens, its log-probs the old log-probs; prompts travel as the exact context ids."""
+    from trialbox.rollout.agent import AgentConfig, rollout
+    from trialbox.sandbox.namespace import NamespaceSandbox
+    from trialbox.schedule.lease import DirectLeaser
+    from trialbox.types import Task, TaskKind, TestCase
+
+    async def opener(limits):
+        return await NamespaceSandbox.open(runner.pool, limits)
+
+    task = Task("one", TaskKind.STDIO, "Print 1.",
+                visible_tests=(TestCase("v", expected=b"1\n"),),
+                hidden_tests=(TestCase("h", stdin=b"ignored", expected=b"1\n"),))
+    policy = OpenAIPolicy(server.url, "tiny", TOK, config=FAST)
+    cfg = AgentConfig(max_new_tokens=200, batch_wait_s=0.01)
+    batch = runner.run(rollout(policy, [task], group_size=2, max_turns=2, config=cfg,
+                               pool=runner.pool, leaser=DirectLeaser(opener)))
+    runner.run(policy.aclose())
+    for tr in batch.trajectories:
+        assert tr.passed and tr.reward == 1.0 and len(tr.turns) == 1
+        t = tr.turns[0]
+        assert t.code == "print(1)\n" and t.finish_reason == "eos"
+        assert t.output_ids == tuple(TOK.encode(FakeVLLM.reply(TOK.decode(tr.prompt_ids)))) \
+            + (256,)
+        assert t.logprobs == pytest.approx([-0.01 * (k + 1) for k in range(len(t.output_ids))])
+    assert [b["prompt"] for b in server.bodies] == [list(tr.prompt_ids)
+                                                   for tr in batch.trajectories]
