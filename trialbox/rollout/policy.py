@@ -11,9 +11,10 @@ exact ids generated so far, never re-tokenising the model's output) and each
 distribution it was drawn from (the `old_logprobs` of a policy-gradient step).
 
 Implementations: `ScriptedPolicy` (tests; scripted texts, byte tokenizer) here;
-`HFPolicy` (a local `transformers` causal LM, hf.py) and `OpenAIPolicy` (an
-OpenAI-compatible `/v1/completions` server such as vLLM or SGLang, openai.py).
-`make_policy(kind, ...)` builds one by name.
+`HFPolicy` (a local `transformers` causal LM, hf_policy.py) and `OpenAIPolicy` (an
+OpenAI-compatible `/v1/completions` server such as vLLM, openai_policy.py).
+`make_policy(kind, ...)` builds one by name. Tokenizers: `ByteTokenizer` (bytes are
+ids), `HFTokenizer` (wraps a `transformers` tokenizer; `as_tokenizer` picks).
 """
 
 from __future__ import annotations
