@@ -155,3 +155,36 @@ def test_rows_that_stop_early_leave_the_batch_exactly(saved, monkeypatch, drop_r
         assert g.logprobs == pytest.approx(ref, abs=2e-4)
         if g.finish_reason == "stop":
             assert not any(s in TOK.decode(g.token_ids[:-1]) for s in stops)
+
+
+def test_a_directory_with_its_own_bpe_tokenizer(tmp_path):
+    """The Qwen-class path: model and a `transformers` tokenizer saved in one local
+    directory, both loaded from it (no tokenizer passed); the tokenizer is wrapped into
+    the protocol and sampling is exact as before."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(["def f(x):\n    return x * 2\n", "print(f(21))\n"] * 20,
+                           trainers.BpeTrainer(
+                               vocab_size=300, special_tokens=["<eos>", "<pad>"],
+                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>")
+    fast.save_pretrained(tmp_path)
+    cfg = GPT2Config(vocab_size=len(fast), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                     eos_token_id=fast.eos_token_id, bos_token_id=fast.eos_token_id)
+    torch.manual_seed(0)
+    HFPolicy.from_config(cfg, fast).model.save_pretrained(tmp_path)
+
+    policy = HFPolicy.from_pretrained(str(tmp_path), seed=0)
+    tok = policy.tokenizer
+    assert (tok.eos_id, tok.pad_id) == (fast.eos_token_id, fast.pad_token_id)
+    ids = tok.encode("def f(x):\n    return x * 2\n")
+    assert len(ids) < 20 and tok.decode(ids) == "def f(x):\n    return x * 2\n"
+    [g] = asyncio.run(policy.generate([ids], max_new_tokens=12, temperature=1.0,
+                                      stop=None))
+    assert g.text == tok.decode(g.token_ids)
+    assert g.logprobs == pytest.approx(sequence_logprobs(policy.model, ids, g.token_ids),
+                                       abs=2e-4)
