@@ -1,8 +1,8 @@
-"""`trialbox demo` — the main job as it stands: untrusted programs, good and hostile, run
-in the namespace sandbox and reported exactly; then the trusted judge grading honest,
-wrong and cheating solutions of a HumanEval task.
+"""`trialbox demo sandbox` — the showcase of the layers under training: untrusted
+programs, good and hostile, run in the namespace sandbox and reported exactly; then the
+trusted judge grading honest, wrong and cheating solutions of a HumanEval task.
 
-When the training loop lands (rollouts → judge → GRPO), this becomes the training demo.
+`trialbox demo` (make demo) is the training demo: trialbox/train/demo_run.py.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def test_config_errors_name_the_field_to_change(tmp_path):
 
 
 def test_the_shipped_config_loads():
-    c = load_config("configs/demo.toml")
+    c = load_config("trialbox/train/demo.toml")
     assert c.grpo.advantage is Advantage.GRPO and c.rollout.max_turns >= 2
 
 

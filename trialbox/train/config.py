@@ -7,7 +7,7 @@
     [rollout] the agent loop (turns, tokens, temperature, concurrency)
     [eval]    held-out pass@1 before and after
 
-    config = load_config("configs/demo.toml")     # trialbox train configs/demo.toml
+    config = load_config("trialbox/train/demo.toml")   # = trialbox train <that file>
 
 Every problem is a UsageError naming the field to change: an unknown section or key
 (a typo must not silently fall back to a default), a wrong type, a size that does not
@@ -260,7 +260,7 @@ def load_config(path: str, overrides: dict[str, Any] | None = None) -> TrainConf
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{path}: not valid TOML: {e}") from e
     for section, values in (overrides or {}).items():
-        data.setdefault(section, {}).update(values)
+        data[section] = {**data.get(section, {}), **values}
     return config_from_dict(data)
 
 

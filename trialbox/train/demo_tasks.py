@@ -22,10 +22,12 @@ the same tasks, byte for byte.
 
 from __future__ import annotations
 
+import ast
 import enum
 import functools
 import hashlib
 import random
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -224,17 +226,64 @@ def render_prompt(task: Task) -> str:
     return task.prompt
 
 
-def render_feedback(report: str) -> str:
-    """Compact feedback for a byte-level model: the first failing visible test as a
-    comment, then a fresh `return ` line to complete. Built only from the agent's
-    report, which never contains hidden tests.
+FEEDBACK = "    # wrong\n    return "
+"""What the model is told after a failed turn, then a fresh `return ` line to complete."""
 
-    >>> render_feedback("Visible tests failed: 1 of 3\\n- assert candidate(2) == 4: failed")
-    '    # wrong: f(2) == 4\\n    return '
-    """
-    for line in report.splitlines():
-        line = line.strip()
-        if line.startswith("- assert candidate("):
-            what = line[2:].split(": ", 1)[0].removeprefix("assert candidate")
-            return f"    # wrong: f{what}\n    return "
-    return "    # wrong\n    return "
+
+def render_feedback(report: str) -> str:
+    """The agent's report (compile errors, failing *visible* tests; never hidden ones)
+    reduced to one comment line. Why so little: a 0.7M-parameter byte-level model
+    learns "the last answer was wrong, write a different one" from a fixed marker in a
+    few hundred steps; the report's free text (assertion messages, tracebacks) would
+    triple the context and mostly teach it to copy noise. The full report is still what
+    a larger model would get with the agent's default `wrap_feedback`."""
+    return FEEDBACK
+
+
+def sft_pairs(tasks: list[Task], seed: int, retry_share: float = 0.25) -> \
+        list[tuple[str, str]]:
+    """(context, completion) pairs for the warm start. A `retry_share` of them are
+    second turns: the prompt, a wrong answer (another program's expression, one that
+    fails a shown example), the feedback marker, then the right answer, so the model
+    has seen the two-turn format before GRPO uses it. The loss is on the right answer
+    only (the wrong one is context, never a target)."""
+    rng = random.Random(f"trialbox-demo/sft/{seed}")
+    pairs = []
+    for task in tasks:
+        program = _program_of(task)
+        if program is not None and rng.random() < retry_share:
+            wrong = _wrong_for(program, task, rng)
+            if wrong is not None:
+                pairs.append((task.prompt + wrong.expr + "\n" + FEEDBACK,
+                              solution_of(task)))
+                continue
+        pairs.append((task.prompt, solution_of(task)))
+    return pairs
+
+
+def _shown_inputs(task: Task) -> list[object]:
+    return [ast.literal_eval(t.code.split("candidate(", 1)[1].split(") == ", 1)[0])
+            for t in task.visible_tests]
+
+
+def _program_of(task: Task) -> Program | None:
+    expr = task.canonical_solution.strip()
+    shown = _shown_inputs(task)
+    arg = "str" if shown and isinstance(shown[0], str) else "int"
+    return next((p for p in all_programs() if p.expr == expr and p.arg == arg), None)
+
+
+def _wrong_for(program: Program, task: Task, rng: random.Random) -> Program | None:
+    shown = _shown_inputs(task)
+    want = [program(x) for x in shown]
+    others = [p for p in _by_arg(program.arg)
+              if p != program and [p(x) for x in shown] != want]
+    near = [p for p in others if _shape(p.expr) == _shape(program.expr)]
+    if near and rng.random() < 0.5:  # the usual mistake: the right template, a wrong constant
+        return rng.choice(near)
+    return rng.choice(others) if others else None
+
+
+def _shape(expr: str) -> str:
+    """The template of an expression: `x * 3 + 1` -> `x * # + #`, `x + 'q'` -> `x + #`."""
+    return re.sub(r"\d+|'[a-z]'", "#", expr)

@@ -8,7 +8,7 @@ sandboxes. `train()` reads top to bottom:
         log (metrics.jsonl, TensorBoard) ─► checkpoint
     ─► held-out pass@1 again
 
-    result = asyncio.run(train(load_config("configs/demo.toml")))
+    result = asyncio.run(train(load_config("trialbox/train/demo.toml")))
 
 A run directory holds `metrics.jsonl` (one line per step, plus `eval` and `sft` lines),
 `tb/` (TensorBoard events), `checkpoint/` (model, optimizer, step; `[run] resume =
@@ -296,9 +296,9 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     try:
         # ---- supervised warm start (fresh runs only) -----------------------------------
         if not run.resume and config.sft.steps:
-            pairs = [(t.prompt, demo_tasks.solution_of(t)) for t in demo_tasks.make_tasks(
+            pairs = demo_tasks.sft_pairs(demo_tasks.make_tasks(
                 demo_tasks.Split.TRAIN, max(2000, config.sft.steps * config.sft.batch_size
-                                            // 4), seed=run.seed + 7)]
+                                            // 4), seed=run.seed + 7), seed=run.seed)
             stats = sft(model, tok, pairs, config.sft, device=device, progress=lambda s, loss:
                         say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
                         if s % 10 == 0 or s == config.sft.steps else None)

@@ -1,0 +1,57 @@
+"""Command-line entry points of the training layer: `trialbox demo [sandbox]` and
+`trialbox train CONFIG.toml`. Parser setup here is light (no torch import) so every
+other `trialbox` command starts fast; the handlers import the heavy parts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    d = sub.add_parser(
+        "demo", help="the training demo: a tiny model learns to code by trial and error "
+        "(`demo sandbox`: the sandbox and judge showcase)",
+        description="Build a tiny transformer, warm-start it on generated programs, "
+        "measure held-out pass@1, train it with GRPO over two-turn episodes judged in "
+        "real sandboxes, measure again, and report (reward curve PNG, records, "
+        "TensorBoard logs). `trialbox demo sandbox` runs the sandbox and judge showcase.")
+    from trialbox.train.demo_args import add_arguments
+    add_arguments(d)
+    t = sub.add_parser(
+        "train", help="train a policy from a TOML config (SFT warm start, GRPO)",
+        description="Run the recipe of a TOML config: [run] [model] [sft] [grpo] "
+        "[rollout] [eval] (see trialbox/train/demo.toml and docs/training.md). Unknown "
+        "keys and inconsistent sizes are errors naming the field to change.")
+    t.add_argument("config", help="the TOML file")
+    t.add_argument("--seed", type=int, default=None, help="override [run] seed")
+    t.add_argument("--out", default=None, help="override [run] out_dir")
+    t.add_argument("--device", default=None, help="override [run] device (cpu, cuda)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the checkpoint in out_dir ([run] resume = true)")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        from trialbox.train.demo_run import main as demo_main
+        return demo_main(args)
+    from trialbox.train.config import load_config
+    from trialbox.train.trainer import train
+    run: dict[str, object] = {}
+    for key, value in (("seed", args.seed), ("out_dir", args.out),
+                       ("device", args.device)):
+        if value is not None:
+            run[key] = value
+    if args.resume:
+        run["resume"] = True
+    config = load_config(args.config, {"run": run} if run else None)
+
+    def say(event: str, record: dict[str, object]) -> None:
+        print(json.dumps({"event": event, **record}, default=str), flush=True)
+
+    result = asyncio.run(train(config, progress=say))
+    print(json.dumps({"event": "done", "out_dir": result.out_dir,
+                      "steps": result.steps_done, "pass_before": result.pass_before,
+                      "pass_after": result.pass_after, "stopped": result.stopped}))
+    return 0 if not result.stopped else 1
