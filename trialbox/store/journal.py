@@ -298,7 +298,7 @@ class Journal:
                               "preemptions=?, updated=? WHERE run_id=? AND task_id=?",
                               updates)
             if turns:
-                c.executemany("INSERT OR REPLACE INTO turns VALUES (?,?,?,?,?,?)", turns)
+                c.executemany("INSERT INTO turns VALUES (?,?,?,?,?,?)", turns)
             if grades:
                 c.executemany("INSERT OR REPLACE INTO grades VALUES (?,?,?,?,?)", grades)
             if results:
