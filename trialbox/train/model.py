@@ -78,7 +78,7 @@ def n_params(model: torch.nn.Module) -> int:
 def save_model(model: Any, tok: ByteTokenizer, path: str) -> None:
     """`save_pretrained` plus the tokenizer's description, in one local directory."""
     from transformers.utils import logging as hf_logging
-    hf_logging.disable_progress_bar()  # a progress bar per checkpoint is noise here
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # noise here
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
     with open(os.path.join(path, TOKENIZER_FILE), "w") as f:
