@@ -114,7 +114,10 @@ def test_weighted_reward_scores_style_and_efficiency(runner):
     clean, ugly = rows
     assert clean["outcome"] == ugly["outcome"] == "passed"
     assert clean["style_findings"] == [] and clean["style"] == 1.0
-    assert clean["efficiency"] is not None and clean["efficiency"] > 0.3
+    # The same code as the reference: near 1, but these calls take microseconds, so
+    # under load the ratio of two tiny times can fall well below 1 (seen: 0.14 at load
+    # average ~20); only the 50 ms-per-call variant is reliably far below it.
+    assert clean["efficiency"] is not None and clean["efficiency"] > 10 * ugly["efficiency"]
     assert {f.split()[0] for f in ugly["style_findings"]} >= {"E401", "F401", "E702"}
     assert ugly["style"] == 0.0 and ugly["efficiency"] < 0.2
     expected = (0.8 * 1.0 + 0.1 * ugly["style"] + 0.1 * ugly["efficiency"]) / 1.0
