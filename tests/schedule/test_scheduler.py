@@ -213,7 +213,9 @@ def test_preemption_keeps_turns_and_files(tmp_path):
                                     "ORDER BY seq")]
     i = path.index("preempted")
     assert path[i - 1] == "generating" and path[i + 1] == "queued"
-    assert c.execute("SELECT preemptions FROM tasks WHERE task_id='low'").fetchone()[0] == 1
+    from trialbox.store.records import Records
+    with Records(db) as r:
+        assert r.history("low")[0].preemptions == 1
 
 
 def test_cancel_queued_and_running_tasks(tmp_path):

@@ -339,7 +339,7 @@ class Scheduler:
         return self.journal.stage_transition(
             self.run_id, rec.task_id, rec.attempt, old.value, new.value, time.time(),
             sandbox=rec.sandbox, runtime=rec.runtime, trace_id=rec.trace_id, cause=cause,
-            message=message, infra_failures=rec.infra_failures, preemptions=rec.preemptions)
+            message=message)
 
     async def _move(self, rec: TaskRecord, new: TaskState, cause: str = "",
                     message: str = "") -> None:

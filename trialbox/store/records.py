@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.store.journal import JournalError, connect
+from trialbox.store.journal import JournalError, connect, task_states
 from trialbox.types import TaskState
 
 
@@ -94,14 +94,22 @@ class Records:
     def counts(self, run_id: str) -> dict[str, int]:
         """Tasks of the run per current state (states with none are left out)."""
         self.require_run(run_id)
-        return dict(self._q("SELECT state, count(*) FROM tasks WHERE run_id=? "
-                            "GROUP BY state ORDER BY state", (run_id,)))
+        counts: dict[str, int] = {}
+        for st in self._states(run_id).values():
+            counts[st.state] = counts.get(st.state, 0) + 1
+        return dict(sorted(counts.items()))
+
+    def _states(self, run_id: str, task_id: str | None = None) -> dict[str, Any]:
+        try:
+            return task_states(self.conn, run_id, task_id)
+        except sqlite3.DatabaseError as e:
+            raise JournalError(f"journal {self.path!r} cannot be read: {e}") from e
 
     # -- one task ----------------------------------------------------------------------
     def history(self, task_id: str, run_id: str | None = None) -> list[TaskHistory]:
         """The task's full history in every run that has it (or only in `run_id`)."""
-        rows = self._q("SELECT run_id, task_id, priority, state, attempt, infra_failures, "
-                       "preemptions, trace_id, payload FROM tasks WHERE task_id=?"
+        rows = self._q("SELECT run_id, task_id, priority, trace_id, payload FROM tasks "
+                       "WHERE task_id=?"
                        + (" AND run_id=?" if run_id else "") + " ORDER BY submitted",
                        (task_id, run_id) if run_id else (task_id,))
         if not rows:
@@ -110,9 +118,10 @@ class Records:
                              "`trialbox tasks status RUN` lists a run's counts")
         out = []
         for r in rows:
-            run, tid, prio, state, attempt, infra, preempt, trace, payload = r
-            h = TaskHistory(run, tid, prio, state, attempt, infra, preempt, trace,
-                            json.loads(payload))
+            run, tid, prio, trace, payload = r
+            st = self._states(run, tid)[tid]
+            h = TaskHistory(run, tid, prio, st.state, st.attempt, st.infra_failures,
+                            st.preemptions, trace, json.loads(payload))
             h.transitions = [Transition(*t) for t in self._q(
                 "SELECT seq, attempt, old, new, at, sandbox, runtime, trace_id, cause, "
                 "message FROM transitions WHERE task_id=? AND run_id=? ORDER BY seq",
@@ -175,11 +184,13 @@ class Records:
             turns.setdefault(tid, []).append(json.loads(data))
         grades = {(t, a): json.loads(d) for t, a, d in self._q(
             "SELECT task_id, attempt, data FROM grades WHERE run_id=?", (run_id,))}
-        for tid, state, attempt, payload, rstate, reward in self._q(
-                "SELECT t.task_id, t.state, t.attempt, t.payload, r.state, r.reward "
-                "FROM tasks t LEFT JOIN results r ON r.run_id=t.run_id AND "
-                "r.task_id=t.task_id WHERE t.run_id=? ORDER BY t.submitted, t.task_id",
-                (run_id,)):
-            yield {"run_id": run_id, "task_id": tid, "state": rstate or state,
+        states = self._states(run_id)
+        for tid, payload, reward in self._q(
+                "SELECT t.task_id, t.payload, r.reward FROM tasks t LEFT JOIN results r "
+                "ON r.run_id=t.run_id AND r.task_id=t.task_id WHERE t.run_id=? "
+                "ORDER BY t.submitted, t.task_id", (run_id,)):
+            st = states[tid]
+            attempt = st.attempt
+            yield {"run_id": run_id, "task_id": tid, "state": st.state,
                    "attempt": attempt, "reward": reward, "payload": json.loads(payload),
                    "turns": turns.get(tid, []), "grade": grades.get((tid, attempt))}
