@@ -59,7 +59,13 @@ def test_discarded_entries_are_skipped():
     q.push(b)
     a.state = TaskState.CANCELLED
     q.discard(a)
+    q.discard(a)  # twice, or for a task not in the queue: no-op
     assert len(q) == 1 and q.pop(0) is b and len(q) == 0
+    q.discard(b)
+    assert len(q) == 0
+    with pytest.raises(UsageError, match="already queued"):
+        q.push(a, force=True)
+        q.push(a, force=True)
 
 
 def test_quota_larger_than_usable_capacity_is_refused_with_what_to_change():

@@ -380,3 +380,36 @@ def test_infra_error_from_the_opener_is_retried(tmp_path):
     run(body())
     assert check_journal(db, "r") == {"t": ("done", 1.0)}
     assert os.path.exists(db)
+
+
+def test_cancel_while_the_submission_commits(tmp_path):
+    """A task cancelled between its QUEUED move and that move's commit is never queued:
+    the queue's count stays right and the journal shows pending -> queued -> cancelled."""
+    db = str(tmp_path / "j.db")
+
+    async def job(ctx: TaskContext) -> float | None:
+        return 1.0
+
+    async def body():
+        with Journal(db) as j:
+            async with Scheduler(j, "r", job, config(max_active=1)) as s:
+                blocker = asyncio.Event()
+
+                async def slow_job(ctx):
+                    await blocker.wait()
+                    return 1.0
+                s.job = slow_job
+                await s.submit([TaskSpec("busy")])  # takes the only slot
+                sub = asyncio.ensure_future(s.submit([TaskSpec("x")]))
+                await asyncio.sleep(0)  # submit has staged x's QUEUED move, not committed
+                assert await s.cancel("x") is True
+                await sub
+                assert len(s.queue) == 0
+                blocker.set()
+                await s.drain()
+
+    run(body())
+    assert check_journal(db, "r") == {"busy": ("done", 1.0), "x": ("cancelled", None)}
+    path = [r[0] for r in sqlite3.connect(db).execute(
+        "SELECT new FROM transitions WHERE task_id='x' ORDER BY seq")]
+    assert path == ["pending", "queued", "cancelled"]

@@ -2,7 +2,7 @@
 side with a plain `asyncio.Semaphore` + `gather` baseline doing the same work.
 
     trialbox bench scheduler [--json] [--tasks 10000] [--active 1000] [--turns 3]
-                             [--think-ms 20] [--exec-ms 5] [--out FILE]
+                             [--think-ms 200] [--exec-ms 20] [--out FILE]
 
 Work (identical for both systems): each task is an episode of `--turns` turns; a turn is
 a policy that sleeps `--think-ms` (jittered ±50%, seeded) and then a sandbox run that
@@ -86,8 +86,8 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--tasks", type=int, default=10_000, help="simulated tasks (10000)")
     p.add_argument("--active", type=int, default=1000, help="episodes at once (1000)")
     p.add_argument("--turns", type=int, default=3, help="turns per episode (3)")
-    p.add_argument("--think-ms", type=float, default=20.0, help="policy sleep per turn (20)")
-    p.add_argument("--exec-ms", type=float, default=5.0, help="sandbox sleep per run (5)")
+    p.add_argument("--think-ms", type=float, default=200.0, help="policy sleep per turn (200)")
+    p.add_argument("--exec-ms", type=float, default=20.0, help="sandbox sleep per run (20)")
     p.add_argument("--out", help="also write the JSON results to this file")
     p.set_defaults(handler=main)
 

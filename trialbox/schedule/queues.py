@@ -17,7 +17,6 @@ from collections import deque
 
 from trialbox.errors import UsageError
 from trialbox.schedule.lifecycle import TaskRecord
-from trialbox.types import TaskState
 
 
 class QueueFull(UsageError):
@@ -61,20 +60,25 @@ class TieredQueue:
         if not rec.seq:
             self._seq += 1
             rec.seq = self._seq
+        if rec.queued:
+            raise UsageError(f"task {rec.task_id!r} is already queued")
         if front:
             self._q[rec.priority].appendleft(rec)
         else:
             self._q[rec.priority].append(rec)
+        rec.queued = True
         self._len += 1
 
     def discard(self, rec: TaskRecord) -> None:
-        """Forget a queued task that left QUEUED (cancelled). Its entry is dropped
-        lazily when it reaches the head of its tier."""
-        self._len -= 1
+        """Forget a queued task that is leaving QUEUED (cancelled); a no-op for a task not
+        in the queue. Its entry is dropped lazily when it reaches the head of its tier."""
+        if rec.queued:
+            rec.queued = False
+            self._len -= 1
 
     def _head(self, tier: int) -> TaskRecord | None:
         q = self._q[tier]
-        while q and q[0].state is not TaskState.QUEUED:
+        while q and not q[0].queued:
             q.popleft()  # discarded (cancelled) entry, already uncounted
         return q[0] if q else None
 
@@ -100,6 +104,7 @@ class TieredQueue:
         rec = self.best(now)
         if rec is not None:
             self._q[rec.priority].popleft()
+            rec.queued = False
             self._len -= 1
         return rec
 

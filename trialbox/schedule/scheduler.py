@@ -41,8 +41,8 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,8 +321,7 @@ class Scheduler:
                 return False
             raise UsageError(f"run {self.run_id!r} has no task {task_id!r}")
         if rec.state in (S.PENDING, S.QUEUED, S.RETRYING, S.PREEMPTED):
-            if rec.state is S.QUEUED:
-                self.queue.discard(rec)
+            self.queue.discard(rec)  # no-op unless it is in the queue (not merely QUEUED)
             await self._finish(rec, S.CANCELLED, None, "cancel", "cancelled by the caller")
             return True
         if rec.stop is None and rec.in_job and isinstance(rec.handle, asyncio.Task):
@@ -595,16 +594,3 @@ class Scheduler:
         for rec in requeue:
             self._enqueue(rec)
 
-
-@asynccontextmanager
-async def running(journal_path: str, run_id: str, job: Job,
-                  config: SchedulerConfig | None = None, *,
-                  opener: Opener = _default_opener) -> AsyncIterator[Scheduler]:
-    """Open the journal, start (recovering) a scheduler, close both at the end."""
-    journal = Journal(journal_path)
-    try:
-        sched = Scheduler(journal, run_id, job, config, opener=opener)
-        async with sched:
-            yield sched
-    finally:
-        journal.close()
