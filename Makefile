@@ -29,6 +29,7 @@ bench: system $(STAMP)
 	mkdir -p .bench
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
+	$(VENV)/bin/trialbox bench scheduler --out .bench/scheduler.json
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
 	$(VENV)/bin/trialbox bench service --out .bench/service.json
 	$(VENV)/bin/trialbox bench telemetry --out .bench/telemetry.json
