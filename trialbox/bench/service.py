@@ -131,14 +131,16 @@ def _drop_privileges(memory_mb: int, cpu_s: float) -> None:  # in the child, bef
 
 
 def _killpg(pgid: int) -> None:
-    """Kill the whole process group, again until it is empty (a fork bomb keeps forking
-    while the first kill is delivered)."""
-    for _ in range(200):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        time.sleep(0.005)
+    """SIGKILL the program's process group (it and whatever it forked). Called before and
+    after the program is reaped; never a loop (a reaped group is empty; a zombie leader
+    would make a "until empty" loop spin)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.read(1 << 16):
+        pass
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
@@ -180,17 +182,29 @@ def baseline_app() -> Any:
         with contextlib.suppress(OSError):
             proc.stdin.write(str(body.get("stdin") or "").encode())
             proc.stdin.close()
-        reads = asyncio.gather(_read_capped(proc.stdout, OUTPUT_CAP),
-                               _read_capped(proc.stderr, OUTPUT_CAP))
-        try:
-            (out, f1), (err, f2) = await asyncio.wait_for(reads, timeout)
-            flooded = f1 or f2
-        except TimeoutError:
-            status, out, err = "TimeLimitExceeded", b"", b""
+        reads = [asyncio.ensure_future(_read_capped(proc.stdout, OUTPUT_CAP)),
+                 asyncio.ensure_future(_read_capped(proc.stderr, OUTPUT_CAP))]
+        until = time.monotonic() + timeout
+        pending = set(reads)
+        while pending:  # both streams to EOF, or one over the cap, or the timeout
+            done, pending = await asyncio.wait(pending, timeout=max(0, until - time.monotonic()),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                status = "TimeLimitExceeded"
+                break
+            if any(t.result()[1] for t in done):
+                flooded = True
+                break
+        for t in pending:
+            t.cancel()
+        out, err = (t.result()[0] if t.done() and not t.cancelled() else b"" for t in reads)
         if flooded or status != "Finished":
-            await asyncio.to_thread(_killpg, proc.pid)
+            _killpg(proc.pid)
+        # Python 3.11's Process.wait() returns only once both pipes reach EOF: read what
+        # is left (the writer is dead), or a flood's paused pipe would hang it forever.
+        await asyncio.gather(_drain(proc.stdout), _drain(proc.stderr))
         rc = await proc.wait()
-        await asyncio.to_thread(_killpg, proc.pid)  # what it forked and left behind
+        _killpg(proc.pid)  # what it forked and left behind
         if flooded:
             status = "Error"
         run = {"status": status, "execution_time": round(time.monotonic() - t0, 6),
