@@ -511,8 +511,9 @@ class Scheduler:
         except JournalError as e:
             self._stop_fatally(e)
             return
-        self._enqueue(rec)
-        self._pump()
+        if rec.state is S.QUEUED:  # not cancelled while the move committed
+            self._enqueue(rec)
+            self._pump()
 
     async def _finish(self, rec: TaskRecord, state: TaskState, reward: float | None,
                       cause: str = "", message: str = "") -> None:
@@ -592,5 +593,6 @@ class Scheduler:
         if last is not None:
             await last
         for rec in requeue:
-            self._enqueue(rec)
+            if rec.state is S.QUEUED:  # not cancelled while the moves committed
+                self._enqueue(rec)
 
