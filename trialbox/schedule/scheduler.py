@@ -511,7 +511,7 @@ class Scheduler:
         except JournalError as e:
             self._stop_fatally(e)
             return
-        if rec.state is S.QUEUED:  # not cancelled while the move committed
+        if _state(rec) is S.QUEUED:  # not cancelled while the move committed
             self._enqueue(rec)
             self._pump()
 
@@ -596,3 +596,8 @@ class Scheduler:
             if rec.state is S.QUEUED:  # not cancelled while the moves committed
                 self._enqueue(rec)
 
+
+def _state(rec: TaskRecord) -> TaskState:
+    """The record's state now (a call, so the type checker does not carry a narrowing
+    from before an `await` across it: another coroutine may have moved the task)."""
+    return rec.state
