@@ -21,7 +21,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol
 
 from trialbox.sandbox.base import Sandbox
-from trialbox.schedule.lease import DirectLeaser, Opener, _default_opener
+from trialbox.schedule.lease import DirectLeaser, Leaser, Opener, _default_opener
 from trialbox.schedule.quotas import Quota, RateLimiter, ResourcePool
 from trialbox.types import Limits
 
@@ -78,3 +78,8 @@ class SchedulerLeaser:
     @property
     def open_sessions(self) -> int:
         return self.direct.open_sessions
+
+
+def _is_a_leaser(x: SchedulerLeaser) -> Leaser:
+    """Never called: makes the type checker prove SchedulerLeaser keeps the protocol."""
+    return x
