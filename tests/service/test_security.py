@@ -176,3 +176,22 @@ def test_shutdown_closes_sessions_and_leaves_no_sandbox_process() -> None:
         # Graceful: the request in flight was answered before the process went.
         assert hold and hold[0].json()["result"]["stdout"] == "ok\n"
     assert wait_for(lambda: not pool_processes(pid), 10), pool_processes(pid)
+
+
+def test_busy_session_wait_counts_against_the_deadline(server: Server) -> None:
+    with server.client() as a, server.client() as b:
+        sid = a.post("/v1/sessions", json={}).json()["session_id"]
+        try:
+            first: list[httpx.Response] = []
+            t = _post_async(a, f"/v1/sessions/{sid}/run",
+                            {"code": "import time; time.sleep(2); print('first')"}, first)
+            assert wait_for(lambda: b.get("/v1/status").json()["admission"]["running"] >= 1)
+            # Reading the session does not wait for the run.
+            assert b.get(f"/v1/sessions/{sid}", timeout=1).json()["files"] == ["main.py"]
+            r = b.post(f"/v1/sessions/{sid}/exec", json={"argv": ["true"]},
+                       headers={"X-Deadline-S": "0.5"})
+            assert r.status_code == 504 and "busy" in r.json()["message"], r.text
+            t.join()
+            assert first[0].json()["stdout"] == "first\n"  # the earlier run was untouched
+        finally:
+            a.delete(f"/v1/sessions/{sid}")

@@ -39,8 +39,8 @@ from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.languages import language as language_spec
 from trialbox.sandbox.languages import run_code
 from trialbox.sandbox.namespace import NamespaceSandbox
-from trialbox.service.errors import FieldError, NotFound
-from trialbox.service.execute import guarded
+from trialbox.service.errors import DeadlineExpired, FieldError, NotFound
+from trialbox.service.execute import deadline_of, guarded
 from trialbox.service.models import (
     BatchIn,
     ExecIn,
@@ -104,8 +104,7 @@ async def open_session(body: SessionIn, request: Request) -> dict[str, Any]:
 async def get_session(sid: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     session = _session(state, sid)
-    async with session.lock:
-        files = await session.sandbox.list_files()
+    files = await session.sandbox.list_files()  # read-only: no need to wait for a run
     return {"session_id": session.id, "limits": asdict(session.limits),
             "created": session.created, "runs": session.runs, "files": files}
 
@@ -123,9 +122,20 @@ async def close_session(sid: str, request: Request) -> dict[str, Any]:
 
 async def _in_session(state: ServiceState, request: Request, session: Session,
                       work: Any, what: str) -> ExecResult:
-    async with session.lock:
+    # Runs of one session are sequential; waiting for the one before counts against
+    # this request's deadline too.
+    try:
+        async with asyncio.timeout(max(0.0, deadline_of(request) - time.monotonic())):
+            await session.lock.acquire()
+    except TimeoutError:
+        state.counters.deadline_expired += 1
+        raise DeadlineExpired(f"the request's deadline passed while session {session.id} "
+                              "was busy with an earlier run; nothing was run") from None
+    try:
         session.runs += 1
         result: ExecResult = await guarded(state, request, work, session.sandbox.stop, what)
+    finally:
+        session.lock.release()
     session.last_used = time.monotonic()
     # Compute goes back to the pool between runs; the files stay (Sandbox.park).
     await session.sandbox.park()
@@ -178,11 +188,10 @@ async def upload(sid: str, body: FilesIn, request: Request) -> dict[str, Any]:
 async def download(sid: str, path: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     session = _session(state, sid)
-    async with session.lock:
-        try:
-            data = await session.sandbox.read_file(path)
-        except UsageError as e:
-            raise NotFound(str(e)) from None
+    try:  # read-only: no need to wait for a run (a file being written reads as it is)
+        data = await session.sandbox.read_file(path)
+    except UsageError as e:
+        raise NotFound(str(e)) from None
     return {"path": path, "size": len(data), "content_b64": encode_b64(data)}
 
 
