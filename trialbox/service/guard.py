@@ -106,13 +106,16 @@ class Guard:
 
         client = scope.get("client")
         key = (headers.get("authorization", "") + "|" + (client[0] if client else "?"))
-        bucket = self.buckets.get(key)
-        if bucket is None:
-            if len(self.buckets) >= MAX_BUCKETS:
-                self.buckets.clear()  # a flood of distinct clients: start afresh
-            bucket = self.buckets[key] = TokenBucket(config.rate_per_s, config.rate_burst)
-        wait = bucket.take()
-        if wait > 0 and not exempt:
+        wait = 0.0
+        if not exempt:  # probes and open pages neither pay nor are limited
+            bucket = self.buckets.get(key)
+            if bucket is None:
+                if len(self.buckets) >= MAX_BUCKETS:
+                    self.buckets.clear()  # a flood of distinct clients: start afresh
+                bucket = self.buckets[key] = TokenBucket(config.rate_per_s,
+                                                         config.rate_burst)
+            wait = bucket.take()
+        if wait > 0:
             counters.rejected["rate"] += 1
             await send_json(counted_send, 429, {
                 "error": "rate_limited", "message": f"more than {config.rate_per_s:g} "
