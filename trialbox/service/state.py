@@ -12,7 +12,7 @@ import secrets
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from trialbox.errors import UsageError
 from trialbox.sandbox.base import Sandbox
@@ -101,12 +101,30 @@ class Sessions:
         return out
 
 
-class Submissions:
-    """Graded submissions this server handled, by id, newest kept (a bounded log).
+class SubmissionLog(Protocol):
+    """Where `/v1/submissions` keeps and finds graded rows: the seam to the scheduler.
 
-    This is the seam to the scheduler: today the service grades directly through the
-    judge and remembers the outcome here; when the scheduler's journal serves task status,
-    `/v1/submissions/{id}` reads from it instead and this class goes away."""
+    Today `Submissions` (below, in memory) implements it: the service grades directly
+    through the judge and remembers the rows. When the scheduler's journal serves task
+    status, an adapter over the journal implements these four methods and is passed in
+    `ServiceState.submissions`; the routes do not change."""
+
+    def new_id(self) -> str: ...
+
+    def put(self, sid: str, row: dict[str, Any]) -> None: ...
+
+    def get(self, sid: str) -> dict[str, Any]:
+        """The row; `UsageError` naming the id when there is none."""
+        ...
+
+    def recent(self, n: int = 50) -> list[dict[str, Any]]: ...
+
+    def __len__(self) -> int: ...
+
+
+class Submissions:
+    """Graded submissions this server handled, by id, newest kept (a bounded log in
+    memory, lost on restart): the `SubmissionLog` used today."""
 
     def __init__(self, keep: int):
         self.keep = keep
@@ -154,7 +172,7 @@ class ServiceState:
     config: ServiceConfig
     admission: Admission
     sessions: Sessions
-    submissions: Submissions
+    submissions: SubmissionLog
     counters: Counters = field(default_factory=Counters)
     pool: CellPool | None = None
     started: float = field(default_factory=time.time)
