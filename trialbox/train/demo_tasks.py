@@ -149,10 +149,14 @@ def programs(split: Split) -> list[Program]:
 def _inputs(rng: random.Random, arg: str, n: int) -> list[object]:
     if arg == "int":
         return [v for v in rng.sample(range(-5, 10), n)]
-    seen: set[str] = set()
+    # A list, not a set: a set's order depends on the process's hash seed, and the
+    # tasks must be the same in every process.
+    seen: list[str] = []
     while len(seen) < n:
-        seen.add("".join(rng.choice("abcdef") for _ in range(rng.randint(2, 4))))
-    return sorted(seen, key=lambda s: rng.random())
+        s = "".join(rng.choice("abcdef") for _ in range(rng.randint(2, 4)))
+        if s not in seen:
+            seen.append(s)
+    return seen
 
 
 def _identifies(program: Program, shown: list[object], hidden: list[object]) -> bool:

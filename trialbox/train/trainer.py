@@ -128,7 +128,12 @@ async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) 
                           config=agent_config(config, max_turns=1,
                                               temperature=config.eval.temperature))
     graded = batch.stats.episodes - batch.stats.excluded
+    outcomes: dict[str, int] = {}
+    for t in batch.trajectories:
+        key = t.grade.outcome.value if t.grade is not None else "none"
+        outcomes[key] = outcomes.get(key, 0) + 1
     return {"pass1": batch.stats.passed / graded if graded else None,
+            "outcomes": outcomes,
             "passed": batch.stats.passed, "graded": graded,
             "excluded": batch.stats.excluded, "tasks": len(tasks),
             "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
