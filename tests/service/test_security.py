@@ -195,3 +195,14 @@ def test_busy_session_wait_counts_against_the_deadline(server: Server) -> None:
             assert first[0].json()["stdout"] == "first\n"  # the earlier run was untouched
         finally:
             a.delete(f"/v1/sessions/{sid}")
+
+
+def test_failed_startup_is_a_clear_infra_exit() -> None:
+    """Without root the sandbox pool cannot start: `serve` says so and exits 3 (the
+    CLI's infrastructure status), listening on nothing."""
+    out = subprocess.run([sys.executable, "-m", "trialbox.cli", "serve", "--port", "0"],
+                         capture_output=True, text=True, timeout=60, user=65534, group=65534,
+                         extra_groups=[])
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "needs root" in out.stderr and "did not start" in out.stderr
+    assert "listening" not in out.stdout

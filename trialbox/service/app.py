@@ -117,5 +117,8 @@ async def _reap_idle_sessions(state: ServiceState) -> None:
         for session in state.sessions.idle():
             log.info("closing session %s: idle for more than %g s", session.id,
                      state.config.session_idle_s)
-            await session.sandbox.close()
+            try:
+                await session.sandbox.close()
+            except Exception:  # one broken session must not stop the reaper
+                log.exception("closing idle session %s failed", session.id)
             state.counters.sessions_closed += 1

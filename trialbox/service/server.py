@@ -17,7 +17,7 @@ import socket
 import sys
 from typing import Any
 
-from trialbox.errors import UsageError
+from trialbox.errors import InfraError, UsageError
 from trialbox.service.config import ServiceConfig
 
 
@@ -86,17 +86,31 @@ async def serve(config: ServiceConfig, log_level: str = "warning") -> None:
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level=log_level,
                                            timeout_graceful_shutdown=10,
                                            timeout_keep_alive=30))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.02)
-    if server.started:
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.02)
         shown = f"[{config.host}]" if ":" in config.host else config.host
         print(f"trialbox serve: listening on http://{shown}:{port}", flush=True)
-    await task
+
+    watcher = asyncio.create_task(announce())
+    try:
+        # Served from this coroutine, not a task: when the app's startup fails, uvicorn
+        # calls sys.exit(3), which must reach main() below rather than an orphan task.
+        await server.serve(sockets=[sock])
+    finally:
+        watcher.cancel()
 
 
 def main(args: argparse.Namespace) -> int:
-    asyncio.run(serve(config_from_args(args), args.log_level))
+    config = config_from_args(args)
+    try:
+        asyncio.run(serve(config, args.log_level))
+    except SystemExit as e:  # uvicorn's exit when the app could not start
+        if e.code in (0, None):
+            return 0
+        raise InfraError("the server did not start: its lifespan failed (the sandbox "
+                         "pool could not be started; the error is logged above)") from None
     return 0
 
 
