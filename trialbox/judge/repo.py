@@ -172,13 +172,22 @@ def _runner_refs(source: str, lines: frozenset[int]) -> tuple[Flag, ...]:
     return tuple(found)
 
 
+REPO_STRICT_FLAGS = frozenset({"dynamic-code", "obfuscated-getattr", "obfuscated-import"})
+"""Notable elsewhere, cheats here. In a repository task the candidate's code shares the
+pytest process with the runner, so code the static scan cannot read (exec of a string
+built at run time, a module or attribute name computed at run time) is exactly how a
+protocol-aware forgery of the report hides (docs/judge.md, residual risk): a reward
+that pays for it would teach it. Ordinary repository code has no need of it."""
+
+
 def _with_flags(grade: Grade, flags: list[Flag]) -> Grade:
     """Add the tree's and the scan's flags; a cheat flag grades CHEAT (reward 0), naming
     itself. Flags never turn a failure into a pass; excluded attempts stay excluded."""
     names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
     if not names:
         return grade
-    cheats = [f for f in flags if f.detector in REPO_CHEAT_FLAGS | CHEAT_DETECTORS]
+    cheats = [f for f in flags
+              if f.detector in REPO_CHEAT_FLAGS | CHEAT_DETECTORS | REPO_STRICT_FLAGS]
     cheats += [Flag(d, "seen by the runner") for d in grade.flags
                if d in REPO_CHEAT_FLAGS and not any(f.detector == d for f in cheats)]
     if cheats and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
