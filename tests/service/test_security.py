@@ -200,9 +200,11 @@ def test_busy_session_wait_counts_against_the_deadline(server: Server) -> None:
 def test_failed_startup_is_a_clear_infra_exit() -> None:
     """Without root the sandbox pool cannot start: `serve` says so and exits 3 (the
     CLI's infrastructure status), listening on nothing."""
-    out = subprocess.run([sys.executable, "-m", "trialbox.cli", "serve", "--port", "0"],
-                         capture_output=True, text=True, timeout=60, user=65534, group=65534,
-                         extra_groups=[])
+    # setpriv (util-linux): the venv's interpreter lies under /root, which a plain
+    # setuid child could not even exec.
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                          sys.executable, "-m", "trialbox.cli", "serve", "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 3, out.stderr[-2000:]
     assert "needs root" in out.stderr and "did not start" in out.stderr
     assert "listening" not in out.stdout
