@@ -54,6 +54,7 @@ class _Live:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
         self.tty = sys.stdout.isatty()
+        self.recent: list[float] = []
 
     def __call__(self, event: str, r: dict[str, Any]) -> None:
         t = f"[{time.monotonic() - self.t0:6.1f}s]"
@@ -69,8 +70,13 @@ class _Live:
                   f"({r['passed']}/{r['graded']} unseen programs, greedy, excluded "
                   f"{r['excluded']}; judged in {r['wall_s']:.1f}s)", flush=True)
         elif event == "step":
+            # each step draws new tasks, so one step's pass rate is noisy: show the mean
+            # of the last 5 beside it
+            self.recent = (self.recent + [r["pass_rate"]])[-5:]
+            avg = sum(self.recent) / len(self.recent)
             print(f"{t} GRPO step {r['step']:>3}/{r['steps']}  reward {r['reward']:+.3f}  "
-                  f"pass {r['pass_rate']:.2f} (turn 1 {r['pass_turn1']:.2f})  "
+                  f"pass {r['pass_rate']:.2f} (turn 1 {r['pass_turn1']:.2f}, last-5 mean "
+                  f"{avg:.2f})  "
                   f"{r['episodes_per_s']:5.1f} episodes/s  {r['tokens_per_s']:6.0f} tok/s  "
                   f"generation {r['gen_s']:4.1f}s / sandboxes {r['env_wall_s']:4.1f}s / "
                   f"update {r['update_s']:4.1f}s", flush=True)

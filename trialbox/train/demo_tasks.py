@@ -148,7 +148,11 @@ def programs(split: Split) -> list[Program]:
 
 def _inputs(rng: random.Random, arg: str, n: int) -> list[object]:
     if arg == "int":
-        return [v for v in rng.sample(range(-5, 10), n)]
+        # f(0) and f(1) come first: they show the constants (x + k at 0 is k, x * k at
+        # 1 is k) so a byte-level model can copy them instead of doing arithmetic in
+        # its head; the third example and the hidden tests are drawn at random.
+        picked: list[object] = [0, 1]
+        return picked + rng.sample([v for v in range(-5, 10) if v not in (0, 1)], n - 2)
     # A list, not a set: a set's order depends on the process's hash seed, and the
     # tasks must be the same in every process.
     seen: list[str] = []
@@ -156,7 +160,7 @@ def _inputs(rng: random.Random, arg: str, n: int) -> list[object]:
         s = "".join(rng.choice("abcdef") for _ in range(rng.randint(2, 4)))
         if s not in seen:
             seen.append(s)
-    return seen
+    return list[object](seen)
 
 
 def _identifies(program: Program, shown: list[object], hidden: list[object]) -> bool:
