@@ -413,3 +413,26 @@ def test_cancel_while_the_submission_commits(tmp_path):
     path = [r[0] for r in sqlite3.connect(db).execute(
         "SELECT new FROM transitions WHERE task_id='x' ORDER BY seq")]
     assert path == ["pending", "queued", "cancelled"]
+
+
+def test_cancel_right_after_dispatch(tmp_path):
+    """Cancelled after it took a free slot but before its asyncio task first ran: its job
+    never starts, its slot is given back, it ends CANCELLED."""
+    db = str(tmp_path / "j.db")
+    ran: list[str] = []
+
+    async def job(ctx: TaskContext) -> float | None:
+        ran.append(ctx.task_id)
+        return 1.0
+
+    async def body():
+        with Journal(db) as j:
+            async with Scheduler(j, "r", job, config(max_active=1)) as s:
+                await s.submit([TaskSpec("x")])  # dispatched: a task created, not run
+                assert await s.cancel("x") is True
+                await s.submit([TaskSpec("y")])
+                await s.drain()
+
+    run(body())
+    assert ran == ["y"]
+    assert check_journal(db, "r") == {"x": ("cancelled", None), "y": ("done", 1.0)}

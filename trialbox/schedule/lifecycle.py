@@ -75,7 +75,7 @@ class TaskRecord:
     __slots__ = ("task_id", "priority", "state", "attempt", "infra_failures",
                  "preemptions", "submitted_at", "queued_at", "ready_at", "payload",
                  "trace_id", "sandbox", "runtime", "quota", "turns", "handle", "stop",
-                 "seq", "timeout", "deadline", "in_job", "queued")
+                 "seq", "timeout", "deadline", "in_job", "started", "queued")
 
     def __init__(self, task_id: str, priority: int, payload: object, trace_id: str,
                  submitted_at: float, quota: object = None):
@@ -108,11 +108,14 @@ class TaskRecord:
         """The asyncio.Timeout bounding the current turn and the whole task."""
         self.deadline: float | None = None
         """When the current attempt must end (task timeout), monotonic seconds."""
+        self.started = False
+        """Its dispatched asyncio task has taken its first step."""
         self.queued = False
         """In the queue right now (a QUEUED task may still be waiting for its commit)."""
         self.in_job = False
-        """True while its job runs: the only time it may be preempted or cancelled by
-        cancelling its asyncio task (outside it, the scheduler is recording a result)."""
+        """From its dispatch until its job returns: the only time it may be preempted or
+        cancelled by cancelling its asyncio task (after it, the scheduler is recording
+        the attempt's outcome, which must not be interrupted)."""
 
     def move(self, new: TaskState) -> TaskState:
         """Check and apply `state -> new` in memory; returns the old state. The caller

@@ -328,6 +328,10 @@ class Scheduler:
             rec.stop = S.CANCELLED
             rec.handle.cancel()
             return True
+        if rec.stop is None and rec.state is S.GENERATING and rec.handle is not None \
+                and not rec.started:
+            rec.stop = S.CANCELLED  # dispatched, its first step not run yet: it checks
+            return True
         return False  # past its job (grading, recording): it finishes as it would
 
     # ------------------------------------------------------------------ moves
@@ -401,13 +405,18 @@ class Scheduler:
         c = self.config
         outcome: tuple[TaskState, float | None, str, str] | None = None
         freed: float | None = None
+        # Cancellable from here (not from create_task: a task cancelled before its first
+        # step never runs this body, and its slot would never be given back).
+        rec.in_job = True
+        rec.started = True
         try:
             await started
+            if rec.stop is S.CANCELLED:  # cancelled between its dispatch and now
+                raise asyncio.CancelledError
             t0 = time.monotonic()
             self.stats.dispatch_latency_s.append(t0 - rec.ready_at)
             turns = (self.journal.turns_of(self.run_id, rec.task_id) if rec.turns else [])
             ctx = TaskContext(self, rec, turns)
-            rec.in_job = True
             try:
                 if c.turn_timeout_s is None and c.task_timeout_s is None:
                     reward = await self.job(ctx)
@@ -456,6 +465,8 @@ class Scheduler:
             outcome = (S.FAILED, None, "error", f"{type(e).__name__}: {e}"[:500])
         finally:
             rec.timeout = None
+            rec.in_job = False
+            rec.started = False
         try:
             if outcome is not None:
                 await self._finish(rec, *outcome)
