@@ -41,6 +41,7 @@ import asyncio
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -135,10 +136,10 @@ class SchedulerStats:
     retries: int = 0
     recovered: int = 0
     finals: dict[str, int] = field(default_factory=dict)
-    dispatch_latency_s: list[float] = field(default_factory=list)
-    """Per dispatch: from the moment the task could have had its slot (submitted to a free
-    slot, or the slot freed) to the first instruction of its job. Scheduler overhead on
-    the critical path, journal commit included."""
+    dispatch_latency_s: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    """For the latest 100,000 dispatches: from the moment the task could have had its
+    slot (submitted to a free slot, or the slot freed) to the first instruction of its
+    job. Scheduler overhead on the critical path, journal commits included."""
 
 
 class TaskContext:
@@ -440,7 +441,6 @@ class Scheduler:
             if task is not None:
                 task.uncancel()
             if rec.stop is S.PREEMPTED and rec.state in (S.GENERATING, S.EXECUTING):
-                self._stopping -= 1
                 rec.preemptions += 1
                 self.stats.preemptions += 1
                 await self._move(rec, S.PREEMPTED, "preempt", "more urgent work waited")
@@ -473,6 +473,8 @@ class Scheduler:
             self._release(rec)
             if rec.state is S.QUEUED:  # preempted: back at the front of its tier
                 self._enqueue(rec, front=True)
+            if rec.stop is S.PREEMPTED:  # counted when chosen, whatever became of it
+                self._stopping -= 1
             rec.stop = None
             self._pump(freed)
         except JournalError as e:
