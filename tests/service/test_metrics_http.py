@@ -4,11 +4,14 @@ process), and the real `trialbox serve` process (runs and gradings through /v1).
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.service.conftest import wait_for
 from tests.telemetry.serving import dashboard_app, serve
 from trialbox import telemetry
 from trialbox.sandbox import NamespaceSandbox, run_code
@@ -117,3 +120,9 @@ def test_a_cheat_leads_from_the_dashboard_to_its_trace_and_log_lines(server: Any
     [line] = [x for x in t["logs"] if "cheat detected" in x["message"]]
     assert line["trace_id"] == cheat["trace_id"] and line["span_id"] == grade["span_id"]
     assert line["level"] == "WARNING" and line["task_id"] == "HumanEval/0"
+    # ...and the server's own log (stderr) has the same line as JSON with the trace id
+    assert wait_for(lambda: cheat["trace_id"] in server.stderr())
+    logged = [json.loads(x) for x in server.stderr().splitlines()
+              if x.startswith("{") and cheat["trace_id"] in x]
+    assert any("cheat detected" in x["message"] and x["span_id"] == grade["span_id"]
+               for x in logged), logged

@@ -81,6 +81,10 @@ async def serve(config: ServiceConfig, log_level: str = "warning") -> None:
     import uvicorn
 
     from trialbox.service.app import create_app
+    from trialbox.telemetry.logs import setup_logging
+    # Our own log records as JSON lines with the current trace id (uvicorn's access log
+    # keeps its format): one run leads from the dashboard to its trace to its lines.
+    setup_logging("DEBUG" if log_level == "trace" else log_level.upper())
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(create_app(config), log_level=log_level,
