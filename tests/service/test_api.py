@@ -100,6 +100,30 @@ def test_submission_graded_by_the_judge(client: httpx.Client) -> None:
     assert client.get("/v1/submissions/sub-404").status_code == 404
 
 
+def test_submissions_survive_a_restart_with_records(tmp_path) -> None:
+    """`serve --records DB`: graded rows are kept in the journal file, so a new server
+    on the same file still answers `/v1/submissions/{id}`."""
+    from tests.service.conftest import Server
+    db = str(tmp_path / "records.db")
+    task = HE["HumanEval/2"]
+    first = Server("--records", db)
+    try:
+        with first.client() as c:
+            row = c.post("/v1/submissions", json={"task_id": task.task_id,
+                                                   "completion": task.canonical_solution}).json()
+            assert row["outcome"] == "passed", row
+    finally:
+        first.stop()
+    second = Server("--records", db)
+    try:
+        with second.client() as c:
+            assert c.get(f"/v1/submissions/{row['submission_id']}").json() == row
+            listed = c.get("/v1/submissions").json()["submissions"]
+            assert [r["submission_id"] for r in listed] == [row["submission_id"]]
+    finally:
+        second.stop()
+
+
 def test_inline_stdio_task_in_c(client: httpx.Client) -> None:
     task = {"task_id": "sum", "kind": "stdio", "prompt": "sum two ints",
             "compare": "whitespace",

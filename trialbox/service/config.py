@@ -64,6 +64,9 @@ class ServiceConfig:
     """The most a request may ask for; asking for more is a 422 naming the field."""
     keep_submissions: int = 10_000
     """Graded submissions remembered for `/v1/submissions/{id}` (oldest forgotten)."""
+    records: str | None = None
+    """A SQLite file (the scheduler's journal format) where graded submissions are kept,
+    so they survive a restart; None: in memory only."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -49,6 +49,9 @@ def add_parser(sub: Any) -> None:
                    help=f"largest request body, MiB (default {d.max_body_bytes >> 20})")
     p.add_argument("--warm", type=int, default=d.warm,
                    help=f"sandbox cells kept warm (default {d.warm})")
+    p.add_argument("--records", default=None, metavar="DB",
+                   help="keep graded submissions in this SQLite file (survives restarts; "
+                   "default: in memory)")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
@@ -58,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
                          max_running=args.max_running, max_queued=args.max_queued,
                          deadline_s=args.deadline_s, rate_per_s=args.rate,
                          rate_burst=args.burst, max_body_bytes=int(args.max_body_mb * (1 << 20)),
-                         warm=args.warm)
+                         warm=args.warm, records=args.records)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -183,11 +183,12 @@ class ServiceState:
 
     @classmethod
     def create(cls, config: ServiceConfig) -> ServiceState:
+        """The state of a new server; `config.records` picks the durable submission log."""
         return cls(config=config,
                    admission=Admission(config.max_running, config.max_queued,
                                        config.queue_wait_s),
                    sessions=Sessions(config.max_sessions, config.session_idle_s),
-                   submissions=Submissions(config.keep_submissions))
+                   submissions=_submission_log(config))
 
     def require_pool(self) -> CellPool:
         from trialbox.errors import SandboxUnavailable
@@ -195,3 +196,10 @@ class ServiceState:
             raise SandboxUnavailable("the sandbox pool is not running (server starting "
                                      "or shutting down); retry shortly")
         return self.pool
+
+
+def _submission_log(config: ServiceConfig) -> SubmissionLog:
+    if config.records is None:
+        return Submissions(config.keep_submissions)
+    from trialbox.store.submissions import JournalSubmissions
+    return JournalSubmissions(config.records, keep=config.keep_submissions)
