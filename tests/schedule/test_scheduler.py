@@ -17,6 +17,7 @@ from trialbox.schedule.queues import QueueFull
 from trialbox.schedule.quotas import Capacity
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskContext, TaskSpec
 from trialbox.store.journal import Journal
+from trialbox.telemetry.metrics import use_metrics
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 BIG = Capacity(cpus=64, memory_mb=1 << 20, disk_mb=1 << 20)
@@ -77,7 +78,10 @@ def test_a_run_journals_every_move_and_one_reward_per_task(tmp_path):
                 await s.drain()
                 return s.stats
 
-    stats = run(body())
+    with use_metrics() as metrics:
+        stats = run(body())
+    # /metrics and the dashboard count tasks by state from the scheduler's moves
+    assert {k: v for k, v in metrics.tasks.items() if v} == {"done": 21}
     finals = check_journal(db, "r1", {f"t{i}" for i in range(21)})
     assert set(finals.values()) == {("done", 1.0)}
     assert stats.finals == {"done": 21} and stats.preemptions == 0

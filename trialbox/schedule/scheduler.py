@@ -55,6 +55,7 @@ from trialbox.schedule.lifecycle import FINAL, IN_FLIGHT, TaskRecord
 from trialbox.schedule.queues import TieredQueue
 from trialbox.schedule.quotas import Capacity, Quota, RateLimiter, ResourcePool
 from trialbox.store.journal import Journal, JournalError
+from trialbox.telemetry.instrument import task_moved
 from trialbox.types import ExecResult, Limits, TaskState
 
 S = TaskState
@@ -304,6 +305,7 @@ class Scheduler:
                 continue  # journaled by an earlier process: recovery owns it
             rec = TaskRecord(tid, prio, payload, trace, now, self.default_quota)
             self.tasks[tid] = rec
+            task_moved(None, rec.state)
             recs.append(rec)
         if recs:
             futs = [self._stage(rec, S.QUEUED) for rec in recs]
@@ -340,6 +342,7 @@ class Scheduler:
                message: str = "") -> asyncio.Future[None]:
         old = rec.move(new)
         self.stats.transitions += 1
+        task_moved(old, new)  # the dashboard's and /metrics' tasks-by-state (~1 µs)
         return self.journal.stage_transition(
             self.run_id, rec.task_id, rec.attempt, old.value, new.value, time.time(),
             sandbox=rec.sandbox, runtime=rec.runtime, trace_id=rec.trace_id, cause=cause,
@@ -589,6 +592,7 @@ class Scheduler:
             rec = TaskRecord(st.task_id, st.priority, st.payload, st.trace_id, now,
                              self.default_quota)
             rec.state, rec.attempt = state, st.attempt
+            task_moved(None, state)
             rec.infra_failures, rec.preemptions, rec.turns = (st.infra_failures,
                                                               st.preemptions, st.turns)
             self.tasks[st.task_id] = rec
