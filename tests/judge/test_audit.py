@@ -176,6 +176,10 @@ def test_queue_round_trip(tmp_path):
 
         all_runs = q.stats()
         assert all_runs.queued == 13 and all_runs.sample_reviewed == 10
+        assert q.runs() == ["run-1", "run-2"]
+        assert [i.row_index for i in q.items(run_id="run-1")] == [*range(10), 15, 16]
+        assert len(q.items(reviewed_only=True)) == 12 and len(q.items()) == 13
+        assert [i.run_id for i in q.items(2)] == ["run-1", "run-1"]
         assert q.stats("none").error_rate is None and q.stats("none").error_rate_ci is None
 
     with sqlite3.connect(path) as conn:

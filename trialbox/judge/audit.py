@@ -325,6 +325,23 @@ class ReviewQueue:
             (run_id, run_id, limit)).fetchall()
         return [self._item(r) for r in rows]
 
+    def items(self, limit: int = 100, *, run_id: str | None = None,
+              reviewed_only: bool = False) -> list[ReviewItem]:
+        """Every item (of one run, or all; only those with a verdict if asked), oldest
+        first."""
+        if limit < 1:
+            raise UsageError(f"limit must be at least 1, got {limit}")
+        rows = self._conn.execute(
+            f"SELECT {self._COLUMNS} FROM items WHERE (? IS NULL OR run_id = ?) "
+            "AND (? = 0 OR correct IS NOT NULL) ORDER BY id LIMIT ?",
+            (run_id, run_id, int(reviewed_only), limit)).fetchall()
+        return [self._item(r) for r in rows]
+
+    def runs(self) -> list[str]:
+        """The run ids with items in the queue, sorted."""
+        return [r[0] for r in self._conn.execute(
+            "SELECT DISTINCT run_id FROM items ORDER BY 1")]
+
     def stats(self, run_id: str | None = None) -> AuditStats:
         """Counts (of one run, or all) and the error rate from sampled items only."""
         rows = self._conn.execute(

@@ -127,13 +127,7 @@ def items(request: Request, run_id: str | None = None,
 
 def _all(q: ReviewQueue, run_id: str | None, limit: int,
          reviewed_only: bool) -> list[ReviewItem]:
-    # ReviewQueue lists only pending items and has no listing of runs: read its table
-    # directly (schema version 1). A `ReviewQueue.items(state=…)` would replace this.
-    ids = [r[0] for r in q._conn.execute(
-        "SELECT id FROM items WHERE (? IS NULL OR run_id = ?) "
-        "AND (? = 0 OR correct IS NOT NULL) ORDER BY id LIMIT ?",
-        (run_id, run_id, int(reviewed_only), limit))]
-    return [q.get(i) for i in ids]
+    return q.items(limit, run_id=run_id, reviewed_only=reviewed_only)
 
 
 @router.get("/items/{item_id}")
@@ -165,5 +159,5 @@ def stats(request: Request, run_id: str | None = None) -> dict[str, Any]:
     """Review progress and the estimated reward error rate (95% Wilson interval), from
     the randomly sampled items only (anomalies would bias it)."""
     with _queue(request) as q:
-        runs = [r[0] for r in q._conn.execute("SELECT DISTINCT run_id FROM items ORDER BY 1")]
+        runs = q.runs()
         return {"run_id": run_id, "runs": runs, **stats_json(q.stats(run_id))}
