@@ -181,3 +181,14 @@ def test_resume_without_a_checkpoint_is_a_usage_error(runner, tmp_path):
     config = config_from_dict({"run": {"out_dir": str(tmp_path), "resume": True}})
     with pytest.raises(UsageError, match="holds no checkpoint"):
         runner.run(train(config, runner.pool))
+
+
+def test_trialbox_train_cli_bad_input_exits_2_with_the_field(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grpo]\ngroup_size = 4\nlearning_rate = 0.1\n")
+    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(bad)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "[grpo] unknown key 'learning_rate'" in p.stderr
