@@ -192,3 +192,39 @@ def test_trialbox_train_cli_bad_input_exits_2_with_the_field(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert "[grpo] unknown key 'learning_rate'" in p.stderr
+
+
+def test_non_finite_losses_are_skipped_then_the_run_stops_with_the_reason(
+        runner, tmp_path, monkeypatch):
+    import trialbox.train.trainer as trainer_module
+    real = trainer_module.token_logprobs
+
+    def poisoned(*args, **kwargs):  # what a numerically broken forward pass returns
+        return real(*args, **kwargs) * float("nan")
+
+    monkeypatch.setattr(trainer_module, "token_logprobs", poisoned)
+    # an untrained model fails every task, so every advantage would be 0 and no loss
+    # would be computed at all: give the samples signal (alternating +1 / -1)
+    monkeypatch.setattr(trainer_module, "group_advantages",
+                        lambda r, v, kind: torch.where(torch.arange(r.numel()) % 2 == 0,
+                                                       1.0, -1.0).view(r.shape))
+    out = str(tmp_path / "run")
+    config = config_from_dict({
+        "run": {"out_dir": out, "seed": 2},
+        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+        "sft": {"steps": 3, "batch_size": 4},
+        "grpo": {"steps": 5, "tasks_per_step": 2, "group_size": 4, "micro_batch": 8,
+                 "max_bad_steps": 2},
+        "rollout": {"max_turns": 2, "max_new_tokens": 8},
+        "eval": {"tasks": 0}})
+    result = runner.run(train(config, runner.pool), timeout=300)
+    assert result.steps_done == 2
+    assert "2 steps in a row had a non-finite loss" in result.stopped
+    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+    skips = [x for x in lines if x["kind"] == "skip"]
+    assert [x["skipped"] for x in skips] == ["non-finite loss"] * 2
+    # nothing was applied: the final model is the warm-started one
+    final, _ = load_model(os.path.join(out, "final"))
+    sft_model, _ = load_model(os.path.join(out, "sft"))
+    assert all(torch.equal(a, b) for a, b in
+               zip(final.parameters(), sft_model.parameters(), strict=True))

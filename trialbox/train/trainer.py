@@ -46,7 +46,7 @@ from trialbox.train.losses import (
 )
 from trialbox.train.model import build_model, load_model, resolve_device, save_model
 from trialbox.train.sft import sft
-from trialbox.types import Task, Trajectory
+from trialbox.types import Outcome, Task, Trajectory
 
 Progress = Callable[[str, dict[str, Any]], None]
 """(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop"."""
@@ -159,7 +159,8 @@ def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
     """`g.epochs` optimizer steps on one round's trajectories: the clipped surrogate
     (plus `g.kl_coef` x k3 KL to `ref`), aggregated as `g.aggregation`, gradients
     accumulated over micro-batches of `g.micro_batch` so the result equals one big
-    batch. A non-finite loss skips the whole step (gradients dropped, nothing applied).
+    batch. A non-finite loss or gradient norm skips the step: its gradients are dropped
+    and that epoch (and any later one) applies nothing.
     `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on."""
     device = device or torch.device("cpu")
     stats = UpdateStats()
@@ -313,7 +314,8 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                                  "steps": stats.steps})
         policy = HFPolicy(model, tok, seed=run.seed)
         ref = None
-        if g.kl_coef > 0:  # the frozen starting point the KL term pulls towards
+        if g.kl_coef > 0:  # the frozen starting point the KL term pulls towards (on a
+            # resumed run: the checkpoint's model, the original start is not kept)
             ref = copy.deepcopy(model).train(False)
             for p in ref.parameters():
                 p.requires_grad_(False)
@@ -357,8 +359,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
             # log
             graded = [t for t in trajs if t.reward is not None]
-            first = [t for t in graded if t.turns and t.turns[0].outcome is not None
-                     and t.turns[0].outcome.value == "passed"]
+            first = [t for t in graded if t.turns and t.turns[0].outcome is Outcome.PASSED]
             s = batch.stats
             record: dict[str, Any] = {
                 "reward": sum(t.reward for t in graded if t.reward is not None)
