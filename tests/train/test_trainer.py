@@ -112,6 +112,18 @@ def test_config_errors_name_the_field_to_change(tmp_path):
         load_config(str(bad))
 
 
+def test_reward_kind_is_chosen_by_enum():
+    from trialbox.train.config import RewardKind
+    from trialbox.train.trainer import agent_config
+    c = config_from_dict({"rollout": {"reward": "pass_rate"}})
+    assert c.rollout.reward is RewardKind.PASS_RATE
+    spec = agent_config(c).reward_spec
+    assert not spec.binary and spec.pass_rate == 0.5 and spec.all_passed == 0.5
+    assert agent_config(config_from_dict({})).reward_spec.binary
+    with pytest.raises(UsageError, match=r"\[rollout\] reward = 'dense': use one of"):
+        config_from_dict({"rollout": {"reward": "dense"}})
+
+
 def test_the_shipped_config_loads():
     c = load_config("trialbox/train/demo.toml")
     assert c.grpo.advantage is Advantage.GRPO and c.rollout.max_turns >= 2

@@ -110,6 +110,15 @@ class GRPOConfig:
         return self.tasks_per_step * self.group_size
 
 
+class RewardKind(enum.Enum):
+    """How the judge's grade becomes the training reward."""
+
+    BINARY = "binary"
+    """1 for a pass (every hidden and visible test), else 0."""
+    PASS_RATE = "pass_rate"
+    """Partial credit: 0.5 x the fraction of tests passed + 0.5 for passing them all."""
+
+
 @dataclass(frozen=True)
 class RolloutSection:
     """The agent loop during training."""
@@ -124,6 +133,8 @@ class RolloutSection:
     """Reward lost per extra turn: a first-turn pass is worth more."""
     env_workers: int = 4
     """Turns judged at once."""
+    reward: RewardKind = RewardKind.BINARY
+    """binary or pass_rate (partial credit from the judge's per-test evidence)."""
 
 
 @dataclass(frozen=True)

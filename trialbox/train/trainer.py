@@ -34,7 +34,8 @@ from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
-from trialbox.train.config import GRPOConfig, TrainConfig
+from trialbox.judge.reward import RewardSpec
+from trialbox.train.config import GRPOConfig, RewardKind, TrainConfig
 from trialbox.train.losses import (
     aggregate,
     aggregate_weight,
@@ -110,7 +111,9 @@ def agent_config(config: TrainConfig, *, max_turns: int | None = None,
     """The agent loop for the demo tasks: raw completions of the `return ` line,
     judge-only (no separate run: the visible tests' feedback says what failed)."""
     r = config.rollout
-    return AgentConfig(
+    spec = RewardSpec() if r.reward is RewardKind.BINARY else \
+        RewardSpec(pass_rate=0.5, all_passed=0.5, binary=False)
+    return AgentConfig(reward_spec=spec,
         max_turns=max_turns or r.max_turns, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature if temperature is None else temperature,
         stop=("\n",), max_context_tokens=config.positions, turn_penalty=r.turn_penalty,
