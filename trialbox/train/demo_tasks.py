@@ -54,10 +54,20 @@ class Program:
     expr: str
     arg: str
     """`int` or `str`: what the inputs are."""
+    template: str = ""
+    """The DSL template it was made from (`x + {0}`); no `{` means no constant."""
+
+    @property
+    def has_constant(self) -> bool:
+        return "{" in self.template
 
     @property
     def split(self) -> Split:
-        return _split_of(self)
+        """Constant-free programs: TRAIN (they are in both splits, see `programs`)."""
+        if not self.has_constant:
+            return Split.TRAIN
+        h = int.from_bytes(hashlib.sha256(self.expr.encode()).digest()[:4], "big")
+        return Split.HELDOUT if h % 4 == 0 else Split.TRAIN
 
     def __call__(self, x: object) -> object:
         return _compiled(self.expr)(x)
@@ -102,12 +112,12 @@ _STR_TEMPLATES: list[tuple[str, list[range]]] = [
 
 def _expand(template: str, ranges: list[range], arg: str) -> list[Program]:
     if not ranges:
-        return [Program(template, arg)]
+        return [Program(template, arg, template)]
     out = []
     for values in _product(ranges):
         shown = [string.ascii_lowercase[v] if "'{" in template else str(v)
                  for v in values]
-        out.append(Program(template.format(*shown), arg))
+        out.append(Program(template.format(*shown), arg, template))
     return out
 
 
@@ -118,17 +128,6 @@ def _product(ranges: list[range]) -> list[tuple[int, ...]]:
     return combos
 
 
-def _split_of(p: Program) -> Split:
-    if not any("{" in t and p in _expand(t, r, p.arg) for t, r in _templates(p.arg)):
-        return Split.TRAIN  # constant-free: in both splits, see the module docstring
-    h = int.from_bytes(hashlib.sha256(p.expr.encode()).digest()[:4], "big")
-    return Split.HELDOUT if h % 4 == 0 else Split.TRAIN
-
-
-def _templates(arg: str) -> list[tuple[str, list[range]]]:
-    return _INT_TEMPLATES if arg == "int" else _STR_TEMPLATES
-
-
 def all_programs() -> list[Program]:
     progs = [p for t, r in _INT_TEMPLATES for p in _expand(t, r, "int")]
     progs += [p for t, r in _STR_TEMPLATES for p in _expand(t, r, "str")]
@@ -137,13 +136,7 @@ def all_programs() -> list[Program]:
 
 def programs(split: Split) -> list[Program]:
     """The programs a split draws from (constant-free templates are in both)."""
-    out = []
-    for p in all_programs():
-        constant_free = not any("{" in t and p in _expand(t, r, p.arg)
-                                for t, r in _templates(p.arg))
-        if constant_free or p.split is split:
-            out.append(p)
-    return out
+    return [p for p in all_programs() if not p.has_constant or p.split is split]
 
 
 def _inputs(rng: random.Random, arg: str, n: int) -> list[object]:
@@ -207,12 +200,8 @@ def make_tasks(split: Split, n: int, seed: int) -> list[Task]:
         raise UsageError(f"number of tasks must be >= 0, got {n}")
     rng = random.Random(f"trialbox-demo/{split.value}/{seed}")
     by_template: dict[str, list[Program]] = {}
-    pool = programs(split)
-    for t, r in _INT_TEMPLATES + _STR_TEMPLATES:
-        arg = "int" if (t, r) in _INT_TEMPLATES else "str"
-        mine = [p for p in _expand(t, r, arg) if p in pool]
-        if mine:
-            by_template[f"{arg}:{t}"] = mine
+    for p in programs(split):
+        by_template.setdefault(f"{p.arg}:{p.template}", []).append(p)
     keys = sorted(by_template)
     tasks = []
     for i in range(n):
