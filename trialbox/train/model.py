@@ -100,6 +100,8 @@ def load_model(path: str) -> tuple[Any, ByteTokenizer]:
             desc = json.load(f)
         if desc.get("kind") != "byte":
             raise UsageError(f"{tok_file}: unknown tokenizer kind {desc.get('kind')!r}")
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # noise here
     model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
     return model, ByteTokenizer()
 
