@@ -33,6 +33,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
 	$(VENV)/bin/trialbox bench service --out .bench/service.json
 	$(VENV)/bin/trialbox bench telemetry --out .bench/telemetry.json
+	$(VENV)/bin/trialbox bench train --out .bench/train.json
 	$(VENV)/bin/trialbox demo --seeds 0,1,2 --json .bench/demo.json  # pass@1 before/after GRPO, 3 seeds (~30 min)
 
 clean:

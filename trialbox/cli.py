@@ -12,6 +12,7 @@
     trialbox bench rollout --json              agent loop: batched generation vs per episode
     trialbox bench scheduler --json            scheduler overhead at 10,000 simulated tasks
     trialbox bench telemetry                   instrumentation cost per sandbox run
+    trialbox bench train --json                GRPO episodes/s and tokens/s vs TRL's GRPOTrainer
     trialbox tasks status RUN | show TASK      a run's tasks from the scheduler's journal
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_rollout_parser(bsub)
     from trialbox.bench.scheduler import add_parser as add_bench_scheduler_parser
     add_bench_scheduler_parser(bsub)
+    from trialbox.bench.train import add_parser as add_bench_train_parser
+    add_bench_train_parser(bsub)
     from trialbox.telemetry.bench import add_parser as add_bench_telemetry_parser
     add_bench_telemetry_parser(bsub)
 
