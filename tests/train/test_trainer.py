@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from trialbox import telemetry
 from trialbox.errors import UsageError
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.train.config import (
@@ -163,9 +164,21 @@ def test_short_run_logs_checkpoints_and_resumes(runner, tmp_path):
         "rollout": {"max_turns": 2, "max_new_tokens": 8, "env_workers": 2},
         "eval": {"tasks": 4}})
     events = []
-    result = runner.run(train(config, runner.pool, lambda e, r: events.append(e)),
-                        timeout=300)
+    with telemetry.capture() as exported, telemetry.use_metrics() as metrics:
+        result = runner.run(train(config, runner.pool, lambda e, r: events.append(e)),
+                            timeout=300)
     assert result.steps_done == 2 and not result.stopped
+    # Each iteration is one trace: its episodes and its training step under it, and the
+    # run page's curve gets a point per step.
+    spans = exported.get_finished_spans()
+    iterations = [s for s in spans if s.name == "train.iteration"]
+    assert [s.attributes["train.step"] for s in iterations] == [1, 2]
+    for it in iterations:
+        under = {s.name for s in spans if s.parent is not None
+                 and s.parent.span_id == it.context.span_id}
+        assert {"episode", "model.generate", "train.step"} <= under, under
+    points = list(metrics.recent.runs["run"])  # the run page's curve (run id: out dir)
+    assert [p["step"] for p in points] == [1, 2] and all("reward_mean" in p for p in points)
     assert result.pass_before is not None and result.pass_after is not None
     lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
     steps = [x for x in lines if x["kind"] == "step"]

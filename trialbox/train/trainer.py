@@ -18,6 +18,7 @@ true` continues from it) and `sft/` (the model after the warm start), `final/` (
 from __future__ import annotations
 
 import copy
+import math
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from trialbox import telemetry
 from trialbox.errors import UsageError
 from trialbox.rollout.agent import AgentConfig, RolloutBatch, rollout
 from trialbox.rollout.hf_policy import HFPolicy
@@ -334,31 +336,36 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         result.pass_before = state["pass_before"]
 
         # ---- GRPO ---------------------------------------------------------------------
+        run_id = os.path.basename(os.path.normpath(run.out_dir))
         while state["step"] < g.steps:
             step = state["step"]
             t0 = time.monotonic()
 
-            # rollout: multi-turn episodes through the agent loop and the real judge
-            batch: RolloutBatch = await rollout(policy, train_tasks(config, step),
-                                                group_size=g.group_size, pool=pool,
-                                                config=agent_config(config))
-            t_rollout = time.monotonic() - t0
-            trajs = batch.trajectories
+            # One trace per iteration: its episodes (model output, sandbox runs, grading,
+            # reward) and its training step nest under it (docs/observability.md).
+            with telemetry.span("train.iteration", {"run.id": run_id, "train.step": step + 1}):
+                # rollout: multi-turn episodes through the agent loop and the real judge
+                batch: RolloutBatch = await rollout(policy, train_tasks(config, step),
+                                                    group_size=g.group_size, pool=pool,
+                                                    config=agent_config(config))
+                t_rollout = time.monotonic() - t0
+                trajs = batch.trajectories
 
-            # rewards -> advantages, (G, K): a task's K samples side by side
-            values, valid = rewards_tensor([t.reward for t in trajs])
-            adv = group_advantages(values.view(-1, g.group_size),
-                                   valid.view(-1, g.group_size), g.advantage).view(-1)
+                # rewards -> advantages, (G, K): a task's K samples side by side
+                values, valid = rewards_tensor([t.reward for t in trajs])
+                adv = group_advantages(values.view(-1, g.group_size),
+                                       valid.view(-1, g.group_size), g.advantage).view(-1)
 
-            # update epochs, gradient accumulation over micro-batches
-            t1 = time.monotonic()
-            upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
-                              temperature=config.rollout.temperature,
-                              max_tokens=config.rollout.max_turns *
-                              config.rollout.max_new_tokens, pad_id=tok.pad_id,
-                              device=device)
-            bad = upd.skipped
-            t_update = time.monotonic() - t1
+                # update epochs, gradient accumulation over micro-batches
+                t1 = time.monotonic()
+                with telemetry.train_step(run_id, step + 1, episodes=len(trajs)):
+                    upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
+                                      temperature=config.rollout.temperature,
+                                      max_tokens=config.rollout.max_turns *
+                                      config.rollout.max_new_tokens, pad_id=tok.pad_id,
+                                      device=device)
+                bad = upd.skipped
+                t_update = time.monotonic() - t1
 
             # log
             graded = [t for t in trajs if t.reward is not None]
@@ -379,6 +386,10 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 "step_s": time.monotonic() - t0,
             }
             state["step"] = step + 1
+            scalars = {k: float(record[k]) for k in ("pass_rate", "loss", "kl")
+                       if isinstance(record[k], (int, float)) and math.isfinite(record[k])}
+            telemetry.record_train_step(run_id, step + 1, reward_mean=record["reward"],
+                                        **scalars)
             if bad:
                 state["bad_in_a_row"] += 1
                 record["skipped"] = "non-finite loss"
