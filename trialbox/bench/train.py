@@ -73,6 +73,8 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="model and task seed (0)")
     p.add_argument("--sft-steps", type=int, default=100,
                    help="supervised warm start shared by both systems, not timed (100)")
+    p.add_argument("--trl-first", action="store_true",
+                   help="run TRL before trialbox (to check the order does not matter)")
     p.add_argument("--out", help="also write the JSON results to this file")
     p.set_defaults(handler=main)
 
@@ -402,10 +404,10 @@ def main(args: argparse.Namespace) -> int:
                      "max_new_tokens": args.max_new_tokens,
                      "env_workers": args.env_workers, "threads": args.threads,
                      "seed": args.seed, "sft_steps": args.sft_steps,
-                     "sft_s": round(sft_s, 2)},
+                     "sft_s": round(sft_s, 2), "trl_first": bool(args.trl_first)},
             "systems": {}}
         problems: list[str] = []
-        for name in SYSTEMS:
+        for name in (tuple(reversed(SYSTEMS)) if args.trl_first else SYSTEMS):
             try:
                 figs = run_trialbox(config) if name == "trialbox" else run_trl(config, tmp)
             except (UsageError, KeyboardInterrupt):
