@@ -3,7 +3,7 @@
     [run]     seed, out_dir, device, threads, resume, checkpoint_every
     [model]   path (a saved model) or the shape of a fresh one (n_layer, n_embd, …)
     [sft]     the supervised warm start (steps = 0 skips it)
-    [grpo]    the policy-gradient phase
+    [grpo]    the policy-gradient phase (algorithm = "grpo" or "ppo")
     [rollout] the agent loop (turns, tokens, temperature, concurrency)
     [eval]    held-out pass@1 before and after
 
@@ -56,10 +56,26 @@ class ModelSection:
     shape: ModelConfig = field(default_factory=ModelConfig)
 
 
+class Algorithm(enum.Enum):
+    """Where the policy gradient's advantages come from."""
+
+    GRPO = "grpo"
+    """One advantage per episode, normalised within its task's group (no critic)."""
+    PPO = "ppo"
+    """Per-token GAE advantages from a learned value head (`trainer.ValueHead`), plus
+    `value_coef` x the clipped value loss."""
+
+
+PPO_ONLY = ("value_coef", "value_clip", "gamma", "lam")
+"""[grpo] keys that only mean something with algorithm = "ppo"."""
+
+
 @dataclass(frozen=True)
 class GRPOConfig:
-    """The policy-gradient phase (GRPO / Dr. GRPO over multi-turn episodes)."""
+    """The policy-gradient phase (GRPO / Dr. GRPO, or PPO, over multi-turn episodes)."""
 
+    algorithm: Algorithm = Algorithm.GRPO
+    """grpo (group advantages) or ppo (value head + GAE)."""
     steps: int = 30
     """Rollout + update rounds."""
     tasks_per_step: int = 16
@@ -86,6 +102,15 @@ class GRPOConfig:
     """Gradient clipping."""
     max_bad_steps: int = 3
     """Non-finite losses in a row before the run stops (each one is skipped)."""
+    value_coef: float = 0.5
+    """PPO: weight of the clipped value loss next to the policy loss."""
+    value_clip: float = 0.2
+    """PPO: how far a value may move from its rollout-time estimate before its loss
+    stops pulling it (PPO2's value clip)."""
+    gamma: float = 1.0
+    """PPO: discount per model token (1: the episode's reward counts in full)."""
+    lam: float = 0.95
+    """PPO: the GAE lambda (1: Monte-Carlo returns, 0: one-step TD)."""
 
     def __post_init__(self) -> None:
         for name in ("tasks_per_step", "group_size", "epochs", "micro_batch",
@@ -94,7 +119,7 @@ class GRPOConfig:
                 raise UsageError(f"[grpo] {name} must be >= 1, got {getattr(self, name)}")
         if self.steps < 0:
             raise UsageError(f"[grpo] steps must be >= 0, got {self.steps}")
-        if self.group_size < 2:
+        if self.group_size < 2 and self.algorithm is Algorithm.GRPO:
             raise UsageError("[grpo] group_size must be >= 2: a group of one has no "
                              "baseline, so every advantage would be 0")
         if not self.lr > 0 or not self.max_grad_norm > 0:
@@ -103,6 +128,12 @@ class GRPOConfig:
             raise UsageError("[grpo] clip_eps_low must be in (0, 1), clip_eps_high > 0")
         if self.kl_coef < 0:
             raise UsageError(f"[grpo] kl_coef must be >= 0, got {self.kl_coef}")
+        if not self.value_coef > 0 or not self.value_clip > 0:
+            raise UsageError("[grpo] value_coef and value_clip must be > 0")
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UsageError(f"[grpo] {name} must be in [0, 1], got "
+                                 f"{getattr(self, name)}")
 
     @property
     def batch(self) -> int:
@@ -236,6 +267,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         if key not in sections:
             raise UsageError(f"unknown section [{key}]; known sections: "
                              f"{', '.join(sorted(sections))}")
+    _check_algorithm_keys(data.get("grpo", {}))
     model_table = dict(data.get("model", {}))
     path = model_table.pop("path", "")
     if not isinstance(path, str):
@@ -259,6 +291,26 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         elif msg.startswith("sft."):
             msg = "[sft] " + msg[len("sft."):]
         raise UsageError(msg) from e
+
+
+def _check_algorithm_keys(table: Any) -> None:
+    """A key that the chosen algorithm ignores is a mistake, not a no-op: PPO's keys
+    under GRPO, or GRPO's group `advantage` under PPO (PPO's advantages are GAE's)."""
+    if not isinstance(table, dict):
+        return  # _section reports it
+    algorithm = table.get("algorithm", Algorithm.GRPO.value)
+    if algorithm not in [a.value for a in Algorithm]:
+        return  # _section reports it, with the choices
+    ppo = algorithm == Algorithm.PPO.value
+    if ppo and "advantage" in table:
+        raise UsageError("[grpo] advantage only applies to algorithm = 'grpo' (PPO's "
+                         "advantages come from GAE); remove advantage or set "
+                         "algorithm = 'grpo'")
+    if not ppo:
+        for key in PPO_ONLY:
+            if key in table:
+                raise UsageError(f"[grpo] {key} only applies to algorithm = 'ppo'; "
+                                 f"remove {key} or set algorithm = 'ppo'")
 
 
 def load_config(path: str, overrides: dict[str, Any] | None = None) -> TrainConfig:

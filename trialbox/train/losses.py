@@ -147,8 +147,8 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float,
     B, T = rewards.shape
     m = mask.to(rewards.dtype)
     adv = torch.zeros_like(rewards)
-    next_value = torch.zeros(B, dtype=rewards.dtype)
-    next_adv = torch.zeros(B, dtype=rewards.dtype)
+    next_value = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
+    next_adv = torch.zeros(B, dtype=rewards.dtype, device=rewards.device)
     for t in range(T - 1, -1, -1):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         a = delta + gamma * lam * next_adv

@@ -1,9 +1,10 @@
-"""The trainer: supervised warm start, then GRPO over multi-turn episodes judged in real
-sandboxes. `train()` reads top to bottom:
+"""The trainer: supervised warm start, then GRPO (or PPO: `[grpo] algorithm = "ppo"`)
+over multi-turn episodes judged in real sandboxes. `train()` reads top to bottom:
 
     setup ─► [SFT warm start] ─► held-out pass@1 ─► for each step:
         rollout (agent loop: generate ─► judge ─► feedback ─► …)   trialbox.rollout
         rewards ─► group advantages (None = excluded, counted)    losses.py
+                   (PPO: values ─► GAE ─► whitened, in ppo_step)
         update epochs, gradient accumulation over micro-batches   (NaN ─► step skipped)
         log (metrics.jsonl, TensorBoard) ─► checkpoint
     ─► held-out pass@1 again
@@ -11,7 +12,7 @@ sandboxes. `train()` reads top to bottom:
     result = asyncio.run(train(load_config("trialbox/train/demo.toml")))
 
 A run directory holds `metrics.jsonl` (one line per step, plus `eval` and `sft` lines),
-`tb/` (TensorBoard events), `checkpoint/` (model, optimizer, step; `[run] resume =
+`tb/` (TensorBoard events), `checkpoint/` (model, optimizer, step, PPO's value head; `[run] resume =
 true` continues from it) and `sft/` (the model after the warm start), `final/` (the trained model).
 """
 
@@ -37,14 +38,17 @@ from trialbox.rollout.policy import ByteTokenizer
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
 from trialbox.judge.reward import RewardSpec
-from trialbox.train.config import GRPOConfig, RewardKind, TrainConfig
+from trialbox.train.config import Algorithm, GRPOConfig, RewardKind, TrainConfig
 from trialbox.train.losses import (
     aggregate,
     aggregate_weight,
     clipped_pg_loss,
+    clipped_value_loss,
+    gae,
     group_advantages,
     is_finite,
     kl_k3,
+    masked_whiten,
     rewards_tensor,
 )
 from trialbox.train.model import build_model, load_model, resolve_device, save_model
@@ -155,6 +159,8 @@ class UpdateStats:
     grad_norm: float = 0.0
     skipped: bool = False
     """The loss was not finite: no parameter was changed."""
+    value_loss: float = 0.0
+    """PPO: the clipped value loss (aggregated like the policy loss); 0 for GRPO."""
 
 
 def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
@@ -218,6 +224,152 @@ def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
     return stats
 
 
+# --------------------------------------------------------------------------- PPO
+
+VALUE_HEAD_FILE = "value_head.pt"
+
+
+class ValueHead(torch.nn.Module):
+    """PPO's critic: one linear map from the policy's last hidden state to a scalar.
+
+    It shares the policy's trunk (one forward gives log-probs and values; the value
+    loss also shapes the trunk, weighted by `value_coef`) rather than being a separate
+    model: the demo's policy is a few million parameters and a second copy would
+    double the update's cost. Zero-initialised, so every value starts at 0 (the
+    demo's rewards are in [0, 1])."""
+
+    def __init__(self, n_embd: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(n_embd, 1)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        values: torch.Tensor = self.linear(hidden.float()).squeeze(-1)
+        return values
+
+
+def logprobs_and_values(model: Any, head: ValueHead, ids: torch.Tensor,
+                        attn: torch.Tensor, temperature: float = 1.0) -> \
+        tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and, aligned with it, V (B, T): column t is the value of the
+    state before token t (the hidden state at t - 1, which also predicts token t);
+    column 0 = 0."""
+    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+    logits = out.logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:, None]).squeeze(2)
+    values = head(out.hidden_states[-1][:, :-1])                               # (B, T-1)
+    pad = torch.nn.functional.pad
+    return pad(logp, (1, 0)), pad(values, (1, 0))
+
+
+def terminal_rewards(trajs: list[Trajectory], mask: torch.Tensor) -> torch.Tensor:
+    """(B, T): each trajectory's reward on its last model token, 0 elsewhere (and all 0
+    for a trajectory without a model token)."""
+    rewards = torch.zeros_like(mask, dtype=torch.float)
+    for i, t in enumerate(trajs):
+        on = mask[i].nonzero()
+        if len(on) and t.reward is not None:
+            rewards[i, int(on[-1])] = float(t.reward)
+    return rewards
+
+
+def ppo_step(model: Any, head: ValueHead, opt: torch.optim.Optimizer,
+             trajs: list[Trajectory], valid: torch.Tensor, g: GRPOConfig, *,
+             ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
+             pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
+    """`g.epochs` PPO optimizer steps on one round's trajectories, built like
+    `policy_step` (micro-batch accumulation, optional k3 KL, the NaN guard):
+
+    1. old values V_old for every token, no grad, before any update;
+    2. per-token rewards: the episode's reward on its last model token;
+    3. advantages and returns by GAE over the loss mask (feedback tokens skipped),
+       advantages whitened over the masked tokens of the round;
+    4. loss = clipped surrogate + `g.value_coef` x clipped value loss, aggregated as
+       `g.aggregation`.
+
+    `valid` (B,): samples whose reward is None are excluded (not trained on)."""
+    device = device or torch.device("cpu")
+    stats = UpdateStats()
+    keep = [i for i in range(len(trajs)) if valid[i]]
+    stats.trained_on = len(keep)
+    if not keep:
+        return stats
+    kept = [trajs[i] for i in keep]
+    full = batch_of(kept, pad_id, device)
+    spans = [(lo, min(lo + g.micro_batch, len(kept)))
+             for lo in range(0, len(kept), g.micro_batch)]
+
+    def rows(name: str, lo: int, hi: int) -> torch.Tensor:
+        width = int(full["attn"][lo:hi].sum(dim=1).max())  # trim the shared padding
+        return full[name][lo:hi, :width]
+
+    # 1-3: values, GAE and whitening, once for the round (the old policy's view)
+    model.train(False)
+    values_old = torch.zeros_like(full["mask"])
+    with torch.no_grad():
+        for lo, hi in spans:
+            ids = rows("ids", lo, hi)
+            _, v = logprobs_and_values(model, head, ids, rows("attn", lo, hi), temperature)
+            values_old[lo:hi, :ids.shape[1]] = v
+    values_old = values_old * full["mask"]
+    adv, returns = gae(terminal_rewards(kept, full["mask"]), values_old, full["mask"],
+                       g.gamma, g.lam)
+    adv = masked_whiten(adv, full["mask"])
+
+    model.train()
+    losses: list[float] = []
+    vlosses: list[float] = []
+    kls: list[float] = []
+    clipped: list[float] = []
+    params = list(model.parameters()) + list(head.parameters())
+    for _ in range(g.epochs):
+        opt.zero_grad(set_to_none=True)
+        for lo, hi in spans:
+            ids, attn, mask = rows("ids", lo, hi), rows("attn", lo, hi), rows("mask", lo, hi)
+            width = ids.shape[1]
+            logp_old = rows("logp_old", lo, hi)
+            logp, v = logprobs_and_values(model, head, ids, attn, temperature)  # (b, T)
+            pg = clipped_pg_loss(logp, logp_old, adv[lo:hi, :width], g.clip_eps_low,
+                                 g.clip_eps_high)
+            vl = clipped_value_loss(v, values_old[lo:hi, :width],
+                                    returns[lo:hi, :width], g.value_clip)
+            per_tok = pg + g.value_coef * vl
+            if ref is not None and g.kl_coef > 0:
+                with torch.no_grad():
+                    logp_ref = token_logprobs(ref, ids, attn, temperature)
+                kl = kl_k3(logp, logp_ref)
+                per_tok = per_tok + g.kl_coef * kl
+                kls.append(float(aggregate(kl.detach(), mask, g.aggregation)))
+            loss = aggregate(per_tok, mask, g.aggregation, max_tokens=max_tokens)
+            if not is_finite(loss):
+                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
+                stats.skipped = True
+                return stats
+            w = aggregate_weight(mask, full["mask"], g.aggregation)
+            (loss * w).backward()  # type: ignore[no-untyped-call]
+            losses.append(float(loss.detach()))
+            vlosses.append(float(aggregate(vl.detach(), mask, g.aggregation,
+                                           max_tokens=max_tokens)))
+            ratio = torch.exp(logp.detach() - logp_old)
+            out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
+            clipped.append(float((out.float() * mask).sum() / mask.sum().clamp(min=1)))
+        norm = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)
+        if not is_finite(norm):
+            opt.zero_grad(set_to_none=True)
+            stats.skipped = True
+            return stats
+        stats.grad_norm = float(norm)
+        opt.step()
+    stats.loss = sum(losses) / len(losses)
+    stats.value_loss = sum(vlosses) / len(vlosses)
+    stats.kl = sum(kls) / len(kls) if kls else 0.0
+    stats.clip_frac = sum(clipped) / len(clipped)
+    return stats
+
+
 class _Checkpoint:
     """out_dir/checkpoint: the model (save_pretrained), the optimizer and the trainer's
     state, replaced atomically (written beside, then renamed)."""
@@ -226,11 +378,13 @@ class _Checkpoint:
         self.path = os.path.join(out_dir, "checkpoint")
 
     def save(self, model: Any, tok: ByteTokenizer, opt: torch.optim.Optimizer,
-             state: dict[str, Any]) -> None:
+             state: dict[str, Any], head: ValueHead | None = None) -> None:
         tmp = self.path + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         save_model(model, tok, tmp)
         torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
+        if head is not None:
+            torch.save(head.state_dict(), os.path.join(tmp, VALUE_HEAD_FILE))
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump(state, f)
         old = self.path + ".old"
@@ -324,7 +478,19 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             ref = copy.deepcopy(model).train(False)
             for p in ref.parameters():
                 p.requires_grad_(False)
-        opt = torch.optim.AdamW(model.parameters(), lr=g.lr, weight_decay=0.0)
+        head: ValueHead | None = None
+        params = list(model.parameters())
+        if g.algorithm is Algorithm.PPO:  # the critic shares the optimizer (and lr)
+            head = ValueHead(model.config.n_embd).to(device)
+            if run.resume:
+                head_file = os.path.join(ckpt.path, VALUE_HEAD_FILE)
+                if not os.path.exists(head_file):
+                    raise UsageError(f"[grpo] algorithm = 'ppo' but {ckpt.path} holds no "
+                                     f"{VALUE_HEAD_FILE} (a GRPO checkpoint?); resume it "
+                                     "with algorithm = 'grpo' or start afresh")
+                head.load_state_dict(torch.load(head_file, map_location=device))
+            params += list(head.parameters())
+        opt = torch.optim.AdamW(params, lr=g.lr, weight_decay=0.0)
         if run.resume:
             opt.load_state_dict(torch.load(os.path.join(ckpt.path, "optimizer.pt")))
 
@@ -352,18 +518,26 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 trajs = batch.trajectories
 
                 # rewards -> advantages, (G, K): a task's K samples side by side
+                # (PPO: per-token GAE advantages, computed inside ppo_step)
                 values, valid = rewards_tensor([t.reward for t in trajs])
-                adv = group_advantages(values.view(-1, g.group_size),
-                                       valid.view(-1, g.group_size), g.advantage).view(-1)
+                max_tokens = config.rollout.max_turns * config.rollout.max_new_tokens
 
                 # update epochs, gradient accumulation over micro-batches
                 t1 = time.monotonic()
                 with telemetry.train_step(run_id, step + 1, episodes=len(trajs)):
-                    upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
-                                      temperature=config.rollout.temperature,
-                                      max_tokens=config.rollout.max_turns *
-                                      config.rollout.max_new_tokens, pad_id=tok.pad_id,
-                                      device=device)
+                    if head is not None:
+                        upd = ppo_step(model, head, opt, trajs, valid, g, ref=ref,
+                                       temperature=config.rollout.temperature,
+                                       max_tokens=max_tokens, pad_id=tok.pad_id,
+                                       device=device)
+                    else:
+                        adv = group_advantages(values.view(-1, g.group_size),
+                                               valid.view(-1, g.group_size),
+                                               g.advantage).view(-1)
+                        upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
+                                          temperature=config.rollout.temperature,
+                                          max_tokens=max_tokens, pad_id=tok.pad_id,
+                                          device=device)
                 bad = upd.skipped
                 t_update = time.monotonic() - t1
 
@@ -385,6 +559,8 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 "tokens_per_s": s.model_tokens / max(1e-9, time.monotonic() - t0),
                 "step_s": time.monotonic() - t0,
             }
+            if head is not None:
+                record["value_loss"] = upd.value_loss
             state["step"] = step + 1
             scalars = {k: float(record[k]) for k in ("pass_rate", "loss", "kl")
                        if isinstance(record[k], (int, float)) and math.isfinite(record[k])}
@@ -410,7 +586,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
             # checkpoint
             if state["step"] % run.checkpoint_every == 0 or state["step"] == g.steps:
-                ckpt.save(model, tok, opt, state)
+                ckpt.save(model, tok, opt, state, head)
 
         # ---- the end: held-out pass@1 again, the final model ---------------------------
         result.steps_done = state["step"]
@@ -420,6 +596,9 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             log.write("eval", state["step"], {"when": state["step"], **after})
             say("eval", {"when": "after", **after})
         save_model(model, tok, os.path.join(run.out_dir, "final"))
+        if head is not None:
+            torch.save(head.state_dict(), os.path.join(run.out_dir, "final",
+                                                       VALUE_HEAD_FILE))
         result.history = list(state["history"])
         result.wall_s = time.monotonic() - t_start
         with open(os.path.join(run.out_dir, "config.json"), "w") as f:
