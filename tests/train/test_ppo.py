@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from trialbox.errors import UsageError
-from trialbox.rollout.policy import ByteTokenizer
 from trialbox.train.config import Algorithm, GRPOConfig, config_from_dict, with_changes
 from trialbox.train.losses import gae, rewards_tensor
-from trialbox.train.model import ModelConfig, build_model
 from trialbox.train.trainer import (
     VALUE_HEAD_FILE,
     ValueHead,
@@ -20,38 +18,10 @@ from trialbox.train.trainer import (
     logprobs_and_values,
     ppo_step,
     terminal_rewards,
-    token_logprobs,
     train,
 )
-from trialbox.types import Trajectory, Turn
 
-TOK = ByteTokenizer()
-PROMPT = "def f(x):\n    # f(1) == 2\n    return "
-
-
-def tiny():
-    return build_model(ModelConfig(n_layer=1, n_embd=32, n_head=2, n_positions=64), TOK,
-                       seed=0)
-
-
-def trajectory(model, completion, reward, i, logp_scale=1.0):
-    prompt = tuple(TOK.encode(PROMPT))
-    out = tuple(TOK.encode(completion)) + (TOK.eos_id,)
-    ids = torch.tensor([prompt + out])
-    with torch.no_grad():
-        lp = token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):].tolist()
-    lp = [x * logp_scale for x in lp]
-    turn = Turn(completion, out, tuple(lp))
-    return Trajectory("t", f"t/{i}", prompt, (turn,), prompt + out,
-                      (0,) * len(prompt) + (1,) * len(out), (0.0,) * len(prompt) + tuple(lp),
-                      reward=reward, group_id="t/g")
-
-
-def seq_logp(model, completion):
-    prompt = TOK.encode(PROMPT)
-    ids = torch.tensor([prompt + TOK.encode(completion) + [TOK.eos_id]])
-    with torch.no_grad():
-        return float(token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):].sum())
+from tests.train.test_trainer import TOK, seq_logp, tiny, trajectory
 
 
 def value_error(model, head, trajs, g):
