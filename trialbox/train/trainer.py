@@ -163,6 +163,28 @@ class UpdateStats:
     """PPO: the clipped value loss (aggregated like the policy loss); 0 for GRPO."""
 
 
+def _clip_fraction(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
+                   g: GRPOConfig) -> float:
+    """Share of the masked tokens whose ratio is outside the clip range."""
+    ratio = torch.exp(logp.detach() - logp_old)
+    out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
+    return float((out.float() * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _clip_and_step(opt: torch.optim.Optimizer, params: Any, g: GRPOConfig,
+                   stats: UpdateStats) -> bool:
+    """Clip the accumulated gradients and apply them; a non-finite norm drops them,
+    marks the update skipped and returns False (nothing is applied)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)
+    if not is_finite(norm):
+        opt.zero_grad(set_to_none=True)
+        stats.skipped = True
+        return False
+    stats.grad_norm = float(norm)
+    opt.step()
+    return True
+
+
 def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
                 adv: torch.Tensor, valid: torch.Tensor, g: GRPOConfig, *,
                 ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
@@ -207,17 +229,9 @@ def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
             w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
             (loss * w).backward()  # type: ignore[no-untyped-call]
             losses.append(float(loss.detach()))
-            ratio = torch.exp(logp.detach() - mb["logp_old"])
-            out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
-            clipped.append(float((out.float() * mb["mask"]).sum()
-                                 / mb["mask"].sum().clamp(min=1)))
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), g.max_grad_norm)
-        if not is_finite(norm):
-            opt.zero_grad(set_to_none=True)
-            stats.skipped = True
+            clipped.append(_clip_fraction(logp, mb["logp_old"], mb["mask"], g))
+        if not _clip_and_step(opt, model.parameters(), g, stats):
             return stats
-        stats.grad_norm = float(norm)
-        opt.step()
     stats.loss = sum(losses) / len(losses)
     stats.kl = sum(kls) / len(kls) if kls else 0.0
     stats.clip_frac = sum(clipped) / len(clipped)
@@ -353,16 +367,9 @@ def ppo_step(model: Any, head: ValueHead, opt: torch.optim.Optimizer,
             losses.append(float(loss.detach()))
             vlosses.append(float(aggregate(vl.detach(), mask, g.aggregation,
                                            max_tokens=max_tokens)))
-            ratio = torch.exp(logp.detach() - logp_old)
-            out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
-            clipped.append(float((out.float() * mask).sum() / mask.sum().clamp(min=1)))
-        norm = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)
-        if not is_finite(norm):
-            opt.zero_grad(set_to_none=True)
-            stats.skipped = True
+            clipped.append(_clip_fraction(logp, logp_old, mask, g))
+        if not _clip_and_step(opt, params, g, stats):
             return stats
-        stats.grad_norm = float(norm)
-        opt.step()
     stats.loss = sum(losses) / len(losses)
     stats.value_loss = sum(vlosses) / len(vlosses)
     stats.kl = sum(kls) / len(kls) if kls else 0.0
