@@ -7,6 +7,7 @@ so each test finishes in a second or two.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -66,3 +67,17 @@ def no_leaks(runner: Any) -> None:
             await asyncio.sleep(0.02)
     runner.run(settle())
     runner.assert_no_leaks()
+
+
+def processes_in_cgroup(fragment: str) -> list[int]:
+    """Pids of every process whose cgroup path contains `fragment` (e.g. a pool's id:
+    its sandboxes cannot leave their cells' cgroups)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                if fragment in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found

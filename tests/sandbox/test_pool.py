@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+from tests.sandbox.conftest import processes_in_cgroup
 from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig
 from trialbox.sandbox.mounts import mounts_under
 from trialbox.types import ExecStatus, Limits
@@ -127,14 +128,7 @@ def test_orphans_of_a_killed_pool_are_reaped(tmp_path):
     for ctrl in ("memory", "pids", "cpu", "cpuacct"):
         assert not os.path.exists(f"/sys/fs/cgroup/{ctrl}/trialbox/{pool_id}")
     # the killed pool's sandboxes died with it (parent-death signals down the chain)
-    alive = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                if pool_id in f.read():
-                    alive.append(pid)
-        except OSError:
-            pass
+    alive = processes_in_cgroup(pool_id)
     assert not alive, alive
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+from tests.sandbox.conftest import processes_in_cgroup
 from tests.schedule.journal_checks import check_journal
 from trialbox.sandbox import PoolConfig
 from trialbox.sandbox.cgroups import CgroupDriver
@@ -25,18 +26,6 @@ def start(db: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "tests.schedule.crash_worker_real", db,
                              str(N)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def in_cgroup_of(pool_id: str) -> list[str]:
-    alive = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                if pool_id in f.read():
-                    alive.append(pid)
-        except OSError:
-            pass
-    return alive
 
 
 def test_kill_9_with_real_sandboxes_reaps_and_resumes(tmp_path):
@@ -70,4 +59,4 @@ def test_kill_9_with_real_sandboxes_reaps_and_resumes(tmp_path):
     assert not os.path.exists(state) and not mounts_under(state)
     cgroup_dirs = CgroupDriver.detect().dirs(f"trialbox/{dead_pool}")
     assert cgroup_dirs and not any(os.path.exists(d) for d in cgroup_dirs)
-    assert not in_cgroup_of(dead_pool)
+    assert not processes_in_cgroup(dead_pool)

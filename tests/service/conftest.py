@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.sandbox.conftest import processes_in_cgroup
+
 LISTENING = "trialbox serve: listening on "
 
 
@@ -64,17 +66,7 @@ class Server:
 def pool_processes(server_pid: int) -> list[int]:
     """Processes in cgroups of the pool the server `server_pid` owned (its pool's cgroup
     names start with `<pid>-`)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cgroup") as f:
-                if f"trialbox/{server_pid}-" in f.read():
-                    found.append(int(name))
-        except OSError:
-            pass
-    return found
+    return processes_in_cgroup(f"trialbox/{server_pid}-")
 
 
 def wait_for(pred: Any, timeout: float = 10.0) -> bool:
