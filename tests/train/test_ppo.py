@@ -11,15 +11,15 @@ import torch
 from trialbox.errors import UsageError
 from trialbox.train.config import Algorithm, GRPOConfig, config_from_dict, with_changes
 from trialbox.train.losses import gae, rewards_tensor
-from trialbox.train.trainer import (
+from trialbox.train.ppo import (
     VALUE_HEAD_FILE,
     ValueHead,
-    batch_of,
     logprobs_and_values,
     ppo_step,
     terminal_rewards,
-    train,
 )
+from trialbox.train.trainer import train
+from trialbox.train.update import batch_of
 
 from tests.train.test_trainer import TOK, seq_logp, tiny, trajectory
 

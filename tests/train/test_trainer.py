@@ -19,7 +19,8 @@ from trialbox.train.config import (
 from trialbox.train.losses import Advantage, rewards_tensor
 from trialbox.train.model import ModelConfig, build_model, load_model, resolve_device, \
     save_model
-from trialbox.train.trainer import policy_step, token_logprobs, train
+from trialbox.train.trainer import train
+from trialbox.train.update import policy_step, token_logprobs
 from trialbox.types import Trajectory, Turn
 
 TOK = ByteTokenizer()
@@ -222,12 +223,13 @@ def test_trialbox_train_cli_bad_input_exits_2_with_the_field(tmp_path):
 def test_non_finite_losses_are_skipped_then_the_run_stops_with_the_reason(
         runner, tmp_path, monkeypatch):
     import trialbox.train.trainer as trainer_module
-    real = trainer_module.token_logprobs
+    import trialbox.train.update as update_module
+    real = update_module.token_logprobs
 
     def poisoned(*args, **kwargs):  # what a numerically broken forward pass returns
         return real(*args, **kwargs) * float("nan")
 
-    monkeypatch.setattr(trainer_module, "token_logprobs", poisoned)
+    monkeypatch.setattr(update_module, "token_logprobs", poisoned)
     # an untrained model fails every task, so every advantage would be 0 and no loss
     # would be computed at all: give the samples signal (alternating +1 / -1)
     monkeypatch.setattr(trainer_module, "group_advantages",

@@ -62,7 +62,7 @@ class Algorithm(enum.Enum):
     GRPO = "grpo"
     """One advantage per episode, normalised within its task's group (no critic)."""
     PPO = "ppo"
-    """Per-token GAE advantages from a learned value head (`trainer.ValueHead`), plus
+    """Per-token GAE advantages from a learned value head (`ppo.ValueHead`), plus
     `value_coef` x the clipped value loss."""
 
 

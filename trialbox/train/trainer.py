@@ -19,10 +19,9 @@ true` continues from it) and `sft/` (the model after the warm start), `final/` (
 from __future__ import annotations
 
 import copy
-import math
 import json
+import math
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,28 +31,20 @@ import torch
 
 from trialbox import telemetry
 from trialbox.errors import UsageError
+from trialbox.judge.reward import RewardSpec
 from trialbox.rollout.agent import AgentConfig, RolloutBatch, rollout
 from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
-from trialbox.judge.reward import RewardSpec
-from trialbox.train.config import Algorithm, GRPOConfig, RewardKind, TrainConfig
-from trialbox.train.losses import (
-    aggregate,
-    aggregate_weight,
-    clipped_pg_loss,
-    clipped_value_loss,
-    gae,
-    group_advantages,
-    is_finite,
-    kl_k3,
-    masked_whiten,
-    rewards_tensor,
-)
+from trialbox.train.config import Algorithm, RewardKind, TrainConfig
+from trialbox.train.losses import group_advantages, rewards_tensor
 from trialbox.train.model import build_model, load_model, resolve_device, save_model
+from trialbox.train.ppo import VALUE_HEAD_FILE, ValueHead, ppo_step
+from trialbox.train.runfiles import Checkpoint, MetricsLog
 from trialbox.train.sft import sft
-from trialbox.types import Outcome, Task, Trajectory
+from trialbox.train.update import policy_step
+from trialbox.types import Outcome, Task
 
 Progress = Callable[[str, dict[str, Any]], None]
 """(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop"."""
@@ -73,37 +64,6 @@ class TrainResult:
 
 
 # --------------------------------------------------------------------------- plumbing
-
-def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
-    """log p(ids[:, t] | ids[:, :t]) for t >= 1, (B, T) with column 0 = 0. Right-padded
-    rows, so positions are the default 0..T-1 (the same as an unpadded sequence)."""
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # (B, T-1, V)
-    if temperature > 0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:, None]).squeeze(2)
-    return torch.nn.functional.pad(logp, (1, 0))                                # (B, T)
-
-
-def batch_of(trajs: list[Trajectory], pad_id: int,
-             device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded (B, T) tensors of the trajectories' ids, attention, loss mask and
-    sampled log-probs."""
-    width = max(len(t.token_ids) for t in trajs)
-    B = len(trajs)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, width), dtype=torch.long)
-    mask = torch.zeros((B, width))
-    logp_old = torch.zeros((B, width))
-    for i, t in enumerate(trajs):
-        n = len(t.token_ids)
-        ids[i, :n] = torch.tensor(t.token_ids)
-        attn[i, :n] = 1
-        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float)
-        logp_old[i, :n] = torch.tensor(t.old_logprobs)
-    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask.to(device),
-            "logp_old": logp_old.to(device)}
-
 
 def train_tasks(config: TrainConfig, step: int) -> list[Task]:
     """The tasks of one GRPO step: a function of the seed and the step (so a resumed
@@ -148,290 +108,6 @@ async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) 
             "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
 
 
-@dataclass
-class UpdateStats:
-    trained_on: int = 0
-    """Trajectories with a reward and a non-zero advantage (the others carry no signal)."""
-    loss: float = 0.0
-    kl: float = 0.0
-    clip_frac: float = 0.0
-    """Share of model tokens whose ratio left the clip range (0 with epochs = 1)."""
-    grad_norm: float = 0.0
-    skipped: bool = False
-    """The loss was not finite: no parameter was changed."""
-    value_loss: float = 0.0
-    """PPO: the clipped value loss (aggregated like the policy loss); 0 for GRPO."""
-
-
-def _clip_fraction(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
-                   g: GRPOConfig) -> float:
-    """Share of the masked tokens whose ratio is outside the clip range."""
-    ratio = torch.exp(logp.detach() - logp_old)
-    out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
-    return float((out.float() * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _clip_and_step(opt: torch.optim.Optimizer, params: Any, g: GRPOConfig,
-                   stats: UpdateStats) -> bool:
-    """Clip the accumulated gradients and apply them; a non-finite norm drops them,
-    marks the update skipped and returns False (nothing is applied)."""
-    norm = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)
-    if not is_finite(norm):
-        opt.zero_grad(set_to_none=True)
-        stats.skipped = True
-        return False
-    stats.grad_norm = float(norm)
-    opt.step()
-    return True
-
-
-def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
-                adv: torch.Tensor, valid: torch.Tensor, g: GRPOConfig, *,
-                ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
-                pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
-    """`g.epochs` optimizer steps on one round's trajectories: the clipped surrogate
-    (plus `g.kl_coef` x k3 KL to `ref`), aggregated as `g.aggregation`, gradients
-    accumulated over micro-batches of `g.micro_batch` so the result equals one big
-    batch. A non-finite loss or gradient norm skips the step: its gradients are dropped
-    and that epoch (and any later one) applies nothing.
-    `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on."""
-    device = device or torch.device("cpu")
-    stats = UpdateStats()
-    keep = [i for i in range(len(trajs)) if valid[i] and adv[i] != 0]
-    stats.trained_on = len(keep)
-    if not keep:
-        return stats
-    model.train()
-    full_mask = batch_of([trajs[i] for i in keep], pad_id, device)["mask"]
-    losses: list[float] = []
-    kls: list[float] = []
-    clipped: list[float] = []
-    for _ in range(g.epochs):
-        opt.zero_grad(set_to_none=True)
-        for lo in range(0, len(keep), g.micro_batch):
-            part = keep[lo:lo + g.micro_batch]
-            mb = batch_of([trajs[i] for i in part], pad_id, device)
-            a = adv[part].to(device)[:, None]                                   # (b, 1)
-            logp = token_logprobs(model, mb["ids"], mb["attn"], temperature)    # (b, T)
-            per_tok = clipped_pg_loss(logp, mb["logp_old"], a, g.clip_eps_low,
-                                      g.clip_eps_high)                          # (b, T)
-            if ref is not None and g.kl_coef > 0:
-                with torch.no_grad():
-                    logp_ref = token_logprobs(ref, mb["ids"], mb["attn"], temperature)
-                kl = kl_k3(logp, logp_ref)
-                per_tok = per_tok + g.kl_coef * kl
-                kls.append(float(aggregate(kl.detach(), mb["mask"], g.aggregation)))
-            loss = aggregate(per_tok, mb["mask"], g.aggregation, max_tokens=max_tokens)
-            if not is_finite(loss):
-                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
-                stats.skipped = True
-                return stats
-            w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
-            (loss * w).backward()  # type: ignore[no-untyped-call]
-            losses.append(float(loss.detach()))
-            clipped.append(_clip_fraction(logp, mb["logp_old"], mb["mask"], g))
-        if not _clip_and_step(opt, model.parameters(), g, stats):
-            return stats
-    stats.loss = sum(losses) / len(losses)
-    stats.kl = sum(kls) / len(kls) if kls else 0.0
-    stats.clip_frac = sum(clipped) / len(clipped)
-    return stats
-
-
-# --------------------------------------------------------------------------- PPO
-
-VALUE_HEAD_FILE = "value_head.pt"
-
-
-class ValueHead(torch.nn.Module):
-    """PPO's critic: one linear map from the policy's last hidden state to a scalar.
-
-    It shares the policy's trunk (one forward gives log-probs and values; the value
-    loss also shapes the trunk, weighted by `value_coef`) rather than being a separate
-    model: the demo's policy is a few million parameters and a second copy would
-    double the update's cost. Zero-initialised, so every value starts at 0 (the
-    demo's rewards are in [0, 1])."""
-
-    def __init__(self, n_embd: int):
-        super().__init__()
-        self.linear = torch.nn.Linear(n_embd, 1)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        values: torch.Tensor = self.linear(hidden.float()).squeeze(-1)
-        return values
-
-
-def logprobs_and_values(model: Any, head: ValueHead, ids: torch.Tensor,
-                        attn: torch.Tensor, temperature: float = 1.0) -> \
-        tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs` and, aligned with it, V (B, T): column t is the value of the
-    state before token t (the hidden state at t - 1, which also predicts token t);
-    column 0 = 0."""
-    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-    logits = out.logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:, None]).squeeze(2)
-    values = head(out.hidden_states[-1][:, :-1])                               # (B, T-1)
-    pad = torch.nn.functional.pad
-    return pad(logp, (1, 0)), pad(values, (1, 0))
-
-
-def terminal_rewards(trajs: list[Trajectory], mask: torch.Tensor) -> torch.Tensor:
-    """(B, T): each trajectory's reward on its last model token, 0 elsewhere (and all 0
-    for a trajectory without a model token)."""
-    rewards = torch.zeros_like(mask, dtype=torch.float)
-    for i, t in enumerate(trajs):
-        on = mask[i].nonzero()
-        if len(on) and t.reward is not None:
-            rewards[i, int(on[-1])] = float(t.reward)
-    return rewards
-
-
-def ppo_step(model: Any, head: ValueHead, opt: torch.optim.Optimizer,
-             trajs: list[Trajectory], valid: torch.Tensor, g: GRPOConfig, *,
-             ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
-             pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
-    """`g.epochs` PPO optimizer steps on one round's trajectories, built like
-    `policy_step` (micro-batch accumulation, optional k3 KL, the NaN guard):
-
-    1. old values V_old for every token, no grad, before any update;
-    2. per-token rewards: the episode's reward on its last model token;
-    3. advantages and returns by GAE over the loss mask (feedback tokens skipped),
-       advantages whitened over the masked tokens of the round;
-    4. loss = clipped surrogate + `g.value_coef` x clipped value loss, aggregated as
-       `g.aggregation`.
-
-    `valid` (B,): samples whose reward is None are excluded (not trained on)."""
-    device = device or torch.device("cpu")
-    stats = UpdateStats()
-    keep = [i for i in range(len(trajs)) if valid[i]]
-    stats.trained_on = len(keep)
-    if not keep:
-        return stats
-    kept = [trajs[i] for i in keep]
-    full = batch_of(kept, pad_id, device)
-    spans = [(lo, min(lo + g.micro_batch, len(kept)))
-             for lo in range(0, len(kept), g.micro_batch)]
-
-    def rows(name: str, lo: int, hi: int) -> torch.Tensor:
-        width = int(full["attn"][lo:hi].sum(dim=1).max())  # trim the shared padding
-        return full[name][lo:hi, :width]
-
-    # 1-3: values, GAE and whitening, once for the round (the old policy's view)
-    model.train(False)
-    values_old = torch.zeros_like(full["mask"])
-    with torch.no_grad():
-        for lo, hi in spans:
-            ids = rows("ids", lo, hi)
-            _, v = logprobs_and_values(model, head, ids, rows("attn", lo, hi), temperature)
-            values_old[lo:hi, :ids.shape[1]] = v
-    values_old = values_old * full["mask"]
-    adv, returns = gae(terminal_rewards(kept, full["mask"]), values_old, full["mask"],
-                       g.gamma, g.lam)
-    adv = masked_whiten(adv, full["mask"])
-
-    model.train()
-    losses: list[float] = []
-    vlosses: list[float] = []
-    kls: list[float] = []
-    clipped: list[float] = []
-    params = list(model.parameters()) + list(head.parameters())
-    for _ in range(g.epochs):
-        opt.zero_grad(set_to_none=True)
-        for lo, hi in spans:
-            ids, attn, mask = rows("ids", lo, hi), rows("attn", lo, hi), rows("mask", lo, hi)
-            width = ids.shape[1]
-            logp_old = rows("logp_old", lo, hi)
-            logp, v = logprobs_and_values(model, head, ids, attn, temperature)  # (b, T)
-            pg = clipped_pg_loss(logp, logp_old, adv[lo:hi, :width], g.clip_eps_low,
-                                 g.clip_eps_high)
-            vl = clipped_value_loss(v, values_old[lo:hi, :width],
-                                    returns[lo:hi, :width], g.value_clip)
-            per_tok = pg + g.value_coef * vl
-            if ref is not None and g.kl_coef > 0:
-                with torch.no_grad():
-                    logp_ref = token_logprobs(ref, ids, attn, temperature)
-                kl = kl_k3(logp, logp_ref)
-                per_tok = per_tok + g.kl_coef * kl
-                kls.append(float(aggregate(kl.detach(), mask, g.aggregation)))
-            loss = aggregate(per_tok, mask, g.aggregation, max_tokens=max_tokens)
-            if not is_finite(loss):
-                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
-                stats.skipped = True
-                return stats
-            w = aggregate_weight(mask, full["mask"], g.aggregation)
-            (loss * w).backward()  # type: ignore[no-untyped-call]
-            losses.append(float(loss.detach()))
-            vlosses.append(float(aggregate(vl.detach(), mask, g.aggregation,
-                                           max_tokens=max_tokens)))
-            clipped.append(_clip_fraction(logp, logp_old, mask, g))
-        if not _clip_and_step(opt, params, g, stats):
-            return stats
-    stats.loss = sum(losses) / len(losses)
-    stats.value_loss = sum(vlosses) / len(vlosses)
-    stats.kl = sum(kls) / len(kls) if kls else 0.0
-    stats.clip_frac = sum(clipped) / len(clipped)
-    return stats
-
-
-class _Checkpoint:
-    """out_dir/checkpoint: the model (save_pretrained), the optimizer and the trainer's
-    state, replaced atomically (written beside, then renamed)."""
-
-    def __init__(self, out_dir: str):
-        self.path = os.path.join(out_dir, "checkpoint")
-
-    def save(self, model: Any, tok: ByteTokenizer, opt: torch.optim.Optimizer,
-             state: dict[str, Any], head: ValueHead | None = None) -> None:
-        tmp = self.path + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(model, tok, tmp)
-        torch.save(opt.state_dict(), os.path.join(tmp, "optimizer.pt"))
-        if head is not None:
-            torch.save(head.state_dict(), os.path.join(tmp, VALUE_HEAD_FILE))
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump(state, f)
-        old = self.path + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.exists(self.path):
-            os.rename(self.path, old)
-        os.rename(tmp, self.path)
-        shutil.rmtree(old, ignore_errors=True)
-
-    def load_state(self) -> dict[str, Any]:
-        try:
-            with open(os.path.join(self.path, "state.json")) as f:
-                state: dict[str, Any] = json.load(f)
-        except FileNotFoundError as e:
-            raise UsageError(f"[run] resume = true but {self.path} holds no checkpoint; "
-                             "set resume = false to start afresh") from e
-        return state
-
-
-class _Log:
-    """metrics.jsonl and TensorBoard, side by side."""
-
-    def __init__(self, out_dir: str, append: bool):
-        from torch.utils.tensorboard import SummaryWriter
-        self.jsonl = open(os.path.join(out_dir, "metrics.jsonl"), "a" if append else "w")
-        self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
-
-    def write(self, kind: str, step: int, record: dict[str, Any]) -> None:
-        self.jsonl.write(json.dumps({"kind": kind, "step": step, **record}) + "\n")
-        self.jsonl.flush()
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.tb.add_scalar(f"{kind}/{key}", value, step)
-        self.tb.flush()
-
-    def close(self) -> None:
-        self.jsonl.close()
-        self.tb.close()
-
-
 # --------------------------------------------------------------------------- the loop
 
 async def train(config: TrainConfig, pool: CellPool | None = None,
@@ -446,7 +122,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     if run.threads:
         torch.set_num_threads(run.threads)
     os.makedirs(run.out_dir, exist_ok=True)
-    ckpt = _Checkpoint(run.out_dir)
+    ckpt = Checkpoint(run.out_dir)
     tok = ByteTokenizer()
     state: dict[str, Any] = {"step": 0, "pass_before": None, "bad_in_a_row": 0,
                              "history": []}
@@ -459,7 +135,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     else:
         model = build_model(config.model.shape, tok, seed=run.seed)
     model.to(device)
-    log = _Log(run.out_dir, append=run.resume)
+    log = MetricsLog(run.out_dir, append=run.resume)
     own_pool = pool is None
     if pool is None:
         from trialbox.judge.function import judge_pool_config

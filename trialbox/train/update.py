@@ -1,0 +1,145 @@
+"""One policy-gradient update on a round's trajectories: the right-padded batch, the
+log-probs of the tokens under the current weights, the clipped surrogate (+ KL),
+gradient accumulation over micro-batches and the NaN guard. PPO's update
+(`ppo.ppo_step`) reuses the same pieces.
+
+The importance ratio is exp(logp - logp_old) with `logp_old` the log-probs the
+trajectory recorded when its tokens were sampled (`Trajectory.old_logprobs`), never a
+fresh recompute: on-policy the ratio is 1 in the first epoch; with stale batches (the
+trainer's async mode, `pipeline.py`) it is the off-policy correction and the clip bounds
+how far a stale sample can push the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trialbox.train.config import GRPOConfig
+from trialbox.train.losses import aggregate, aggregate_weight, clipped_pg_loss, is_finite, kl_k3
+from trialbox.types import Trajectory
+
+
+def token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """log p(ids[:, t] | ids[:, :t]) for t >= 1, (B, T) with column 0 = 0. Right-padded
+    rows, so positions are the default 0..T-1 (the same as an unpadded sequence)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()  # (B, T-1, V)
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1).gather(2, ids[:, 1:, None]).squeeze(2)
+    return torch.nn.functional.pad(logp, (1, 0))                                # (B, T)
+
+
+def batch_of(trajs: list[Trajectory], pad_id: int,
+             device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded (B, T) tensors of the trajectories' ids, attention, loss mask and
+    sampled log-probs."""
+    width = max(len(t.token_ids) for t in trajs)
+    B = len(trajs)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, width), dtype=torch.long)
+    mask = torch.zeros((B, width))
+    logp_old = torch.zeros((B, width))
+    for i, t in enumerate(trajs):
+        n = len(t.token_ids)
+        ids[i, :n] = torch.tensor(t.token_ids)
+        attn[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float)
+        logp_old[i, :n] = torch.tensor(t.old_logprobs)
+    return {"ids": ids.to(device), "attn": attn.to(device), "mask": mask.to(device),
+            "logp_old": logp_old.to(device)}
+
+
+
+@dataclass
+class UpdateStats:
+    trained_on: int = 0
+    """Trajectories with a reward and a non-zero advantage (the others carry no signal)."""
+    loss: float = 0.0
+    kl: float = 0.0
+    clip_frac: float = 0.0
+    """Share of model tokens whose ratio left the clip range (0 with epochs = 1)."""
+    grad_norm: float = 0.0
+    skipped: bool = False
+    """The loss was not finite: no parameter was changed."""
+    value_loss: float = 0.0
+    """PPO: the clipped value loss (aggregated like the policy loss); 0 for GRPO."""
+
+
+def clip_fraction(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
+                   g: GRPOConfig) -> float:
+    """Share of the masked tokens whose ratio is outside the clip range."""
+    ratio = torch.exp(logp.detach() - logp_old)
+    out = (ratio < 1 - g.clip_eps_low) | (ratio > 1 + g.clip_eps_high)
+    return float((out.float() * mask).sum() / mask.sum().clamp(min=1))
+
+
+def clip_and_step(opt: torch.optim.Optimizer, params: Any, g: GRPOConfig,
+                   stats: UpdateStats) -> bool:
+    """Clip the accumulated gradients and apply them; a non-finite norm drops them,
+    marks the update skipped and returns False (nothing is applied)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, g.max_grad_norm)
+    if not is_finite(norm):
+        opt.zero_grad(set_to_none=True)
+        stats.skipped = True
+        return False
+    stats.grad_norm = float(norm)
+    opt.step()
+    return True
+
+
+def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
+                adv: torch.Tensor, valid: torch.Tensor, g: GRPOConfig, *,
+                ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
+                pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
+    """`g.epochs` optimizer steps on one round's trajectories: the clipped surrogate
+    (plus `g.kl_coef` x k3 KL to `ref`), aggregated as `g.aggregation`, gradients
+    accumulated over micro-batches of `g.micro_batch` so the result equals one big
+    batch. A non-finite loss or gradient norm skips the step: its gradients are dropped
+    and that epoch (and any later one) applies nothing.
+    `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on."""
+    device = device or torch.device("cpu")
+    stats = UpdateStats()
+    keep = [i for i in range(len(trajs)) if valid[i] and adv[i] != 0]
+    stats.trained_on = len(keep)
+    if not keep:
+        return stats
+    model.train()
+    full_mask = batch_of([trajs[i] for i in keep], pad_id, device)["mask"]
+    losses: list[float] = []
+    kls: list[float] = []
+    clipped: list[float] = []
+    for _ in range(g.epochs):
+        opt.zero_grad(set_to_none=True)
+        for lo in range(0, len(keep), g.micro_batch):
+            part = keep[lo:lo + g.micro_batch]
+            mb = batch_of([trajs[i] for i in part], pad_id, device)
+            a = adv[part].to(device)[:, None]                                   # (b, 1)
+            logp = token_logprobs(model, mb["ids"], mb["attn"], temperature)    # (b, T)
+            per_tok = clipped_pg_loss(logp, mb["logp_old"], a, g.clip_eps_low,
+                                      g.clip_eps_high)                          # (b, T)
+            if ref is not None and g.kl_coef > 0:
+                with torch.no_grad():
+                    logp_ref = token_logprobs(ref, mb["ids"], mb["attn"], temperature)
+                kl = kl_k3(logp, logp_ref)
+                per_tok = per_tok + g.kl_coef * kl
+                kls.append(float(aggregate(kl.detach(), mb["mask"], g.aggregation)))
+            loss = aggregate(per_tok, mb["mask"], g.aggregation, max_tokens=max_tokens)
+            if not is_finite(loss):
+                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
+                stats.skipped = True
+                return stats
+            w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
+            (loss * w).backward()  # type: ignore[no-untyped-call]
+            losses.append(float(loss.detach()))
+            clipped.append(clip_fraction(logp, mb["logp_old"], mb["mask"], g))
+        if not clip_and_step(opt, model.parameters(), g, stats):
+            return stats
+    stats.loss = sum(losses) / len(losses)
+    stats.kl = sum(kls) / len(kls) if kls else 0.0
+    stats.clip_frac = sum(clipped) / len(clipped)
+    return stats
+
