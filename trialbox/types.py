@@ -419,6 +419,10 @@ class Trajectory:
     """Sum of the turns' generation time."""
     env_s: float = 0.0
     """Sum of the turns' environment time (execution and judging)."""
+    policy_version: int | None = None
+    """The trainer's version of the weights that sampled every output token (the number
+    of update steps they had seen); None outside training. A batch trained at step s
+    with version v is s - v steps stale (trialbox/train/pipeline.py)."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -441,6 +445,9 @@ class Trajectory:
         if self.reward is not None and not math.isfinite(self.reward):
             raise UsageError(f"Trajectory {self.episode_id}: reward must be finite or "
                              f"None, got {self.reward!r}")
+        if self.policy_version is not None and self.policy_version < 0:
+            raise UsageError(f"Trajectory {self.episode_id}: policy_version must be >= 0 "
+                             f"or None, got {self.policy_version!r}")
 
     @property
     def n_model_tokens(self) -> int:

@@ -30,6 +30,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -298,7 +299,7 @@ class _Env:
     pool: CellPool
     leaser: Leaser
     batcher: _Batcher
-    slots: asyncio.Semaphore
+    slots: AbstractAsyncContextManager[Any]
     harnesses: list[NamespaceSandbox]
     busy: _EnvBusy
     policy: Policy
@@ -491,16 +492,20 @@ def _trajectory(task: Task, episode_id: str, group_id: str, prompt_ids: tuple[in
 async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
                   max_turns: int | None = None, config: AgentConfig | None = None,
                   pool: CellPool | None = None,
-                  leaser: Leaser | None = None) -> RolloutBatch:
+                  leaser: Leaser | None = None,
+                  env_slots: AbstractAsyncContextManager[Any] | None = None) -> RolloutBatch:
     """Run `group_size` episodes of every task concurrently; return their trajectories
     (task by task, a group's samples side by side) and where the time went.
 
     `pool`: the sandbox pool the judge (and the default leaser) take sandboxes from
     (default: the process's pool). `leaser`: who lends the episodes their sessions
     (default: a `DirectLeaser` on `pool`, closed at the end). `max_turns` overrides the
-    config's. An `InfraError` from the policy (a dead model server) ends the rollout
-    after every episode has released its sandbox; per-episode infrastructure failures
-    do not: those episodes get reward None."""
+    config's. `env_slots`: the environment slots (`async with` around each turn's run and
+    grading), when they are shared with other rollouts running at the same time (the
+    trainer's async mode keeps one limit for all its batches); default: a fresh
+    semaphore of `max_concurrent_env`. An `InfraError` from the policy (a dead model
+    server) ends the rollout after every episode has released its sandbox; per-episode
+    infrastructure failures do not: those episodes get reward None."""
     cfg = config or AgentConfig()
     if max_turns is not None:
         cfg = replace(cfg, max_turns=max_turns)
@@ -535,7 +540,8 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
         leaser = DirectLeaser(opener)
     stats = RolloutStats(episodes=len(tasks) * group_size)
     env = _Env(cfg, pool, leaser, _Batcher(policy, cfg, len(tasks) * group_size, stats),
-               asyncio.Semaphore(cfg.max_concurrent_env), [], _EnvBusy(stats), policy)
+               env_slots or asyncio.Semaphore(cfg.max_concurrent_env), [], _EnvBusy(stats),
+               policy)
     tag = uuid.uuid4().hex[:8]
     t0 = time.monotonic()
     batcher = asyncio.ensure_future(env.batcher.run())

@@ -3,10 +3,13 @@ over multi-turn episodes judged in real sandboxes. `train()` reads top to bottom
 
     setup ─► [SFT warm start] ─► held-out pass@1 ─► for each step:
         rollout (agent loop: generate ─► judge ─► feedback ─► …)   trialbox.rollout
+                (async: the producer's batch, rolled out ahead by   pipeline.py
+                 weights at most max_staleness steps older)
         rewards ─► group advantages (None = excluded, counted)    losses.py
-                   (PPO: values ─► GAE ─► whitened, in ppo_step)
-        update epochs, gradient accumulation over micro-batches   (NaN ─► step skipped)
-        log (metrics.jsonl, TensorBoard) ─► checkpoint
+                   (PPO: values ─► GAE ─► whitened, in ppo_step)  ppo.py
+        update epochs, gradient accumulation over micro-batches   update.py
+                   (NaN ─► step skipped)
+        log (metrics.jsonl, TensorBoard) ─► checkpoint            runfiles.py
     ─► held-out pass@1 again
 
     result = asyncio.run(train(load_config("trialbox/train/demo.toml")))
@@ -18,12 +21,13 @@ true` continues from it) and `sft/` (the model after the warm start), `final/` (
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,14 +41,24 @@ from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
-from trialbox.train.config import Algorithm, RewardKind, TrainConfig
+from trialbox.train.config import Algorithm, RewardKind, RolloutMode, TrainConfig
 from trialbox.train.losses import group_advantages, rewards_tensor
+from trialbox.train.pipeline import (
+    AsyncBatches,
+    Batches,
+    ModelClock,
+    PrioritySlots,
+    StepBatch,
+    SyncBatches,
+    TimedPolicy,
+    WeightCopies,
+)
 from trialbox.train.model import build_model, load_model, resolve_device, save_model
 from trialbox.train.ppo import VALUE_HEAD_FILE, ValueHead, ppo_step
 from trialbox.train.runfiles import Checkpoint, MetricsLog
 from trialbox.train.sft import sft
-from trialbox.train.update import policy_step
-from trialbox.types import Outcome, Task
+from trialbox.train.update import UpdateStats, policy_step
+from trialbox.types import Outcome, Task, Trajectory
 
 Progress = Callable[[str, dict[str, Any]], None]
 """(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop"."""
@@ -106,6 +120,37 @@ async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) 
             "passed": batch.stats.passed, "graded": graded,
             "excluded": batch.stats.excluded, "tasks": len(tasks),
             "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
+
+
+def step_record(got: StepBatch, upd: UpdateStats, *, t0: float, t_rollout: float,
+                t_update: float, lap: tuple[float, float], ppo: bool) -> dict[str, Any]:
+    """One line of metrics.jsonl for a step. `rollout_s` is how long the step waited for
+    its batch (sync: the whole rollout); `lap_s` the wall time since the previous step's
+    record (the previous step's logging and checkpoint included) and `policy_wait_s`
+    how much of it the model neither generated nor trained (it waited on environments)."""
+    trajs, s = got.batch.trajectories, got.batch.stats
+    graded = [t for t in trajs if t.reward is not None]
+    first = [t for t in graded if t.turns and t.turns[0].outcome is Outcome.PASSED]
+    elapsed = max(1e-9, time.monotonic() - t0)
+    lap_s, wait_s = lap
+    record: dict[str, Any] = {
+        "reward": sum(t.reward for t in graded if t.reward is not None)
+        / max(1, len(graded)),
+        "pass_rate": sum(t.passed for t in graded) / max(1, len(graded)),
+        "pass_turn1": len(first) / max(1, len(graded)),
+        "excluded": s.excluded, "episodes": s.episodes, "turns": s.turns,
+        "trained_on": upd.trained_on, "loss": upd.loss, "kl": upd.kl,
+        "clip_frac": upd.clip_frac, "grad_norm": upd.grad_norm,
+        "gen_s": s.gen_s, "env_wall_s": s.env_wall_s, "rollout_s": t_rollout,
+        "update_s": t_update, "model_tokens": s.model_tokens,
+        "episodes_per_s": s.episodes / elapsed, "tokens_per_s": s.model_tokens / elapsed,
+        "step_s": elapsed, "policy_version": got.version, "staleness": got.staleness,
+        "lap_s": lap_s, "policy_wait_s": wait_s,
+        "policy_wait_share": wait_s / max(1e-9, lap_s),
+    }
+    if ppo:
+        record["value_loss"] = upd.value_loss
+    return record
 
 
 # --------------------------------------------------------------------------- the loop
@@ -186,90 +231,108 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
         # ---- GRPO ---------------------------------------------------------------------
         run_id = os.path.basename(os.path.normpath(run.out_dir))
-        while state["step"] < g.steps:
-            step = state["step"]
-            t0 = time.monotonic()
+        max_tokens = config.rollout.max_turns * config.rollout.max_new_tokens
+        agent = agent_config(config)
+        clock = ModelClock()  # when the model works; the rest of the time it waits
+        asynchronous = config.rollout.mode is RolloutMode.ASYNC
+        # async: one private copy of the weights per batch in flight (pipeline.py)
+        copies = WeightCopies(model, config.rollout.max_staleness + 1) \
+            if asynchronous else None
 
-            # One trace per iteration: its episodes (model output, sandbox runs, grading,
-            # reward) and its training step nest under it (docs/observability.md).
-            with telemetry.span("train.iteration", {"run.id": run_id, "train.step": step + 1}):
-                # rollout: multi-turn episodes through the agent loop and the real judge
-                batch: RolloutBatch = await rollout(policy, train_tasks(config, step),
-                                                    group_size=g.group_size, pool=pool,
-                                                    config=agent_config(config))
-                t_rollout = time.monotonic() - t0
-                trajs = batch.trajectories
+        # batches in flight judge within one env_workers limit, the oldest batch first
+        env_slots = PrioritySlots(config.rollout.env_workers)
 
-                # rewards -> advantages, (G, K): a task's K samples side by side
-                # (PPO: per-token GAE advantages, computed inside ppo_step)
-                values, valid = rewards_tensor([t.reward for t in trajs])
-                max_tokens = config.rollout.max_turns * config.rollout.max_new_tokens
+        def launch(step: int, version: int) -> Awaitable[RolloutBatch]:
+            """Step `step`'s rollout, sampled by the live model (sync) or by a copy of
+            its weights taken now (async; `version` is what the trainer published)."""
+            def sample_with(sampler: HFPolicy) -> Awaitable[RolloutBatch]:
+                return rollout(TimedPolicy(sampler, clock), train_tasks(config, step),
+                               group_size=g.group_size, pool=pool, config=agent,
+                               env_slots=env_slots.lane(step))
+            if copies is None:
+                return sample_with(policy)
+            return copies.run_on_snapshot(model, lambda weights: sample_with(
+                HFPolicy(weights, tok, seed=run.seed * 1_000_003 + step)))
 
-                # update epochs, gradient accumulation over micro-batches
-                t1 = time.monotonic()
-                with telemetry.train_step(run_id, step + 1, episodes=len(trajs)):
-                    if head is not None:
-                        upd = ppo_step(model, head, opt, trajs, valid, g, ref=ref,
-                                       temperature=config.rollout.temperature,
-                                       max_tokens=max_tokens, pad_id=tok.pad_id,
-                                       device=device)
-                    else:
-                        adv = group_advantages(values.view(-1, g.group_size),
-                                               valid.view(-1, g.group_size),
-                                               g.advantage).view(-1)
-                        upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
-                                          temperature=config.rollout.temperature,
-                                          max_tokens=max_tokens, pad_id=tok.pad_id,
-                                          device=device)
-                bad = upd.skipped
-                t_update = time.monotonic() - t1
+        def update(trajs: list[Trajectory]) -> UpdateStats:
+            """Rewards -> advantages -> update epochs (runs in a worker thread)."""
+            values, valid = rewards_tensor([t.reward for t in trajs])
+            if head is not None:  # PPO: per-token GAE advantages, inside ppo_step
+                return ppo_step(model, head, opt, trajs, valid, g, ref=ref,
+                                temperature=config.rollout.temperature,
+                                max_tokens=max_tokens, pad_id=tok.pad_id, device=device)
+            # (G, K): a task's K samples side by side
+            adv = group_advantages(values.view(-1, g.group_size),
+                                   valid.view(-1, g.group_size), g.advantage).view(-1)
+            return policy_step(model, opt, trajs, adv, valid, g, ref=ref,
+                               temperature=config.rollout.temperature,
+                               max_tokens=max_tokens, pad_id=tok.pad_id, device=device)
 
-            # log
-            graded = [t for t in trajs if t.reward is not None]
-            first = [t for t in graded if t.turns and t.turns[0].outcome is Outcome.PASSED]
-            s = batch.stats
-            record: dict[str, Any] = {
-                "reward": sum(t.reward for t in graded if t.reward is not None)
-                / max(1, len(graded)),
-                "pass_rate": sum(t.passed for t in graded) / max(1, len(graded)),
-                "pass_turn1": len(first) / max(1, len(graded)),
-                "excluded": s.excluded, "episodes": s.episodes, "turns": s.turns,
-                "trained_on": upd.trained_on, "loss": upd.loss, "kl": upd.kl,
-                "clip_frac": upd.clip_frac, "grad_norm": upd.grad_norm,
-                "gen_s": s.gen_s, "env_wall_s": s.env_wall_s, "rollout_s": t_rollout,
-                "update_s": t_update, "model_tokens": s.model_tokens,
-                "episodes_per_s": s.episodes / max(1e-9, time.monotonic() - t0),
-                "tokens_per_s": s.model_tokens / max(1e-9, time.monotonic() - t0),
-                "step_s": time.monotonic() - t0,
-            }
-            if head is not None:
-                record["value_loss"] = upd.value_loss
-            state["step"] = step + 1
-            scalars = {k: float(record[k]) for k in ("pass_rate", "loss", "kl")
-                       if isinstance(record[k], (int, float)) and math.isfinite(record[k])}
-            telemetry.record_train_step(run_id, step + 1, reward_mean=record["reward"],
-                                        **scalars)
-            if bad:
-                state["bad_in_a_row"] += 1
-                record["skipped"] = "non-finite loss"
-                log.write("skip", step + 1, record)
-                say("skip", {"step": step + 1, **record})
-                if state["bad_in_a_row"] >= g.max_bad_steps:
-                    result.stopped = (f"{state['bad_in_a_row']} steps in a row had a "
-                                      f"non-finite loss (max_bad_steps = {g.max_bad_steps})")
-                    say("stop", {"reason": result.stopped})
-                    break
-            else:
-                state["bad_in_a_row"] = 0
-                log.write("step", step + 1, record)
-                say("step", {"step": step + 1, "steps": g.steps, **record})
-            state["history"].append({"step": step + 1, "reward": record["reward"],
-                                     "pass_rate": record["pass_rate"],
-                                     "pass_turn1": record["pass_turn1"]})
+        batches: Batches = AsyncBatches(
+            launch, first=state["step"], steps=g.steps,
+            max_staleness=config.rollout.max_staleness) if asynchronous \
+            else SyncBatches(launch)
+        batches.start()
+        clock.lap()
+        try:
+            while state["step"] < g.steps:
+                step = state["step"]
+                t0 = time.monotonic()
 
-            # checkpoint
-            if state["step"] % run.checkpoint_every == 0 or state["step"] == g.steps:
-                ckpt.save(model, tok, opt, state, head)
+                # One trace per iteration: its episodes (model output, sandbox runs,
+                # grading, reward) and its training step nest under it
+                # (docs/observability.md); an async batch is its own trace.
+                with telemetry.span("train.iteration", {"run.id": run_id,
+                                                        "train.step": step + 1}):
+                    # rollout: multi-turn episodes through the agent loop and the real
+                    # judge (sync: rolled out now; async: the producer's, stamped with
+                    # the version that sampled it)
+                    got = await batches.get(step)
+                    t_rollout = time.monotonic() - t0
+                    trajs = got.batch.trajectories
+
+                    # rewards -> advantages -> update epochs with gradient accumulation,
+                    # in a worker thread: the event loop keeps driving the producer
+                    t1 = time.monotonic()
+                    with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), \
+                            clock.busy():
+                        upd = await asyncio.to_thread(update, trajs)
+                    t_update = time.monotonic() - t1
+                batches.publish(step + 1)  # async: launches batch step + 1 + K
+
+                # log
+                record = step_record(got, upd, t0=t0, t_rollout=t_rollout,
+                                     t_update=t_update, lap=clock.lap(), ppo=head is not None)
+                state["step"] = step + 1
+                scalars = {k: float(record[k]) for k in ("pass_rate", "loss", "kl")
+                           if isinstance(record[k], (int, float))
+                           and math.isfinite(record[k])}
+                telemetry.record_train_step(run_id, step + 1, reward_mean=record["reward"],
+                                            **scalars)
+                if upd.skipped:
+                    state["bad_in_a_row"] += 1
+                    record["skipped"] = "non-finite loss"
+                    log.write("skip", step + 1, record)
+                    say("skip", {"step": step + 1, **record})
+                    if state["bad_in_a_row"] >= g.max_bad_steps:
+                        result.stopped = (f"{state['bad_in_a_row']} steps in a row had a "
+                                          "non-finite loss (max_bad_steps = "
+                                          f"{g.max_bad_steps})")
+                        say("stop", {"reason": result.stopped})
+                        break
+                else:
+                    state["bad_in_a_row"] = 0
+                    log.write("step", step + 1, record)
+                    say("step", {"step": step + 1, "steps": g.steps, **record})
+                state["history"].append({"step": step + 1, "reward": record["reward"],
+                                         "pass_rate": record["pass_rate"],
+                                         "pass_turn1": record["pass_turn1"]})
+
+                # checkpoint (async: the batches in flight are not saved; see pipeline.py)
+                if state["step"] % run.checkpoint_every == 0 or state["step"] == g.steps:
+                    ckpt.save(model, tok, opt, state, head)
+        finally:
+            await batches.aclose()
 
         # ---- the end: held-out pass@1 again, the final model ---------------------------
         result.steps_done = state["step"]

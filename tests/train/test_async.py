@@ -1,0 +1,294 @@
+"""The trainer's async mode (`[rollout] mode = "async"`, trialbox/train/pipeline.py): the
+config switch, the staleness rule on a scripted producer, the priority of the oldest
+batch for environment slots, the off-policy ratio against the recorded log-probs, and
+short real runs (demo model, real judge) that record versions, keep the bound, resume,
+and still skip non-finite losses."""
+
+import asyncio
+import json
+import os
+import random
+
+import pytest
+import torch
+
+from trialbox.errors import UsageError
+from trialbox.rollout.agent import RolloutBatch, RolloutStats
+from trialbox.train.config import GRPOConfig, RolloutMode, config_from_dict, with_changes
+from trialbox.train.losses import rewards_tensor
+from trialbox.train.model import load_model
+from trialbox.train.pipeline import (
+    AsyncBatches,
+    ModelClock,
+    PrioritySlots,
+    SyncBatches,
+    launch_version,
+    may_train,
+)
+from trialbox.train.trainer import train
+from trialbox.train.update import policy_step
+
+from tests.train.test_trainer import tiny, trajectory
+
+# --------------------------------------------------------------------------- config
+
+
+def test_async_config_and_its_errors_name_the_field():
+    c = config_from_dict({"rollout": {"mode": "async", "max_staleness": 2}})
+    assert c.rollout.mode is RolloutMode.ASYNC and c.rollout.max_staleness == 2
+    assert config_from_dict({}).rollout.mode is RolloutMode.SYNC
+    assert config_from_dict({"rollout": {"mode": "async"}}).rollout.max_staleness == 1
+    with pytest.raises(UsageError, match=r"\[rollout\] mode = 'asynch': use one of sync, async"):
+        config_from_dict({"rollout": {"mode": "asynch"}})
+    with pytest.raises(UsageError, match=r"\[rollout\] max_staleness only applies to "
+                                         r"mode = 'async'"):
+        config_from_dict({"rollout": {"max_staleness": 2}})
+    with pytest.raises(UsageError, match=r"\[rollout\] max_staleness must be >= 1, got 0"):
+        config_from_dict({"rollout": {"mode": "async", "max_staleness": 0}})
+    with pytest.raises(UsageError, match=r"\[rollout\] max_staleness must be an integer"):
+        config_from_dict({"rollout": {"mode": "async", "max_staleness": 1.5}})
+
+
+# --------------------------------------------------------------------------- the rule
+
+def test_the_staleness_rule():
+    assert [launch_version(s, 1) for s in range(5)] == [0, 0, 1, 2, 3]
+    assert [launch_version(s, 3) for s in range(6)] == [0, 0, 0, 0, 1, 2]
+    assert [launch_version(s, 2, first=4) for s in range(4, 9)] == [4, 4, 4, 5, 6]
+    assert may_train(5, 4, 1) and may_train(5, 5, 1) and not may_train(5, 3, 1)
+    assert not may_train(5, 6, 2)  # sampled by weights newer than the trained ones
+
+
+def _fake_batch(step):
+    model = tiny()
+    trajs = [trajectory(model, "x + 1\n", 1.0, step)]
+    return RolloutBatch(trajs, RolloutStats(episodes=1))
+
+
+@pytest.mark.parametrize("k,first", [(1, 0), (2, 0), (3, 2)])
+def test_the_producer_keeps_the_bound_by_waiting_and_overlaps(k, first):
+    """A scripted producer (random rollout times) and trainer (random update times): no
+    batch starts before the weights it needs exist, none is trained more than K updates
+    stale, at most K + 1 are in flight, and batches do overlap."""
+    steps = 9
+    rng = random.Random(k * 10 + first)
+    published = [first]   # versions the trainer has published, in order
+    in_flight = set()
+    most = [0]
+    starts = {}
+
+    def launch(step, version):
+        # called when the batch is launched: the weights it reads are the newest ones
+        assert version == published[-1], (step, version, published)
+        starts[step] = version
+        in_flight.add(step)
+        most[0] = max(most[0], len(in_flight))
+
+        async def rollout():
+            await asyncio.sleep(rng.uniform(0.0, 0.02))
+            in_flight.discard(step)
+            return _fake_batch(step)
+        return rollout()
+
+    async def trainer():
+        batches = AsyncBatches(launch, first=first, steps=steps, max_staleness=k)
+        batches.start()
+        seen = []
+        try:
+            for step in range(first, steps):
+                got = await batches.get(step)
+                assert got.step == step and 0 <= got.staleness <= k
+                assert {t.policy_version for t in got.batch.trajectories} == {got.version}
+                seen.append(got.version)
+                await asyncio.sleep(rng.uniform(0.0, 0.01))   # the update
+                published.append(step + 1)
+                batches.publish(step + 1)
+        finally:
+            await batches.aclose()
+        return seen
+
+    seen = asyncio.run(trainer())
+    assert seen == [launch_version(s, k, first) for s in range(first, steps)]
+    assert sorted(starts) == list(range(first, steps))
+    assert 2 <= most[0] <= k + 1
+
+
+def test_sync_batches_are_on_policy():
+    async def go():
+        batches = SyncBatches(lambda step, version: asyncio.sleep(0, _fake_batch(step)))
+        batches.start()
+        got = await batches.get(3)
+        await batches.aclose()
+        return got
+    got = asyncio.run(go())
+    assert got.version == 3 and got.staleness == 0
+    assert got.batch.trajectories[0].policy_version == 3
+
+
+def test_priority_slots_serve_the_oldest_batch_first():
+    async def go():
+        slots = PrioritySlots(1)
+        order = []
+
+        async def turn(step, name):
+            async with slots.lane(step):
+                order.append(name)
+                await asyncio.sleep(0.001)
+
+        async with slots.lane(0):   # hold the only slot while others queue
+            tasks = [asyncio.ensure_future(turn(1, "young-a")),
+                     asyncio.ensure_future(turn(0, "old-a")),
+                     asyncio.ensure_future(turn(1, "young-b")),
+                     asyncio.ensure_future(turn(0, "old-b"))]
+            await asyncio.sleep(0.01)
+            tasks[1].cancel()   # a cancelled waiter gives nothing up and takes nothing
+            await asyncio.sleep(0)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order, slots.free
+    order, free = asyncio.run(go())
+    assert order == ["old-b", "young-a", "young-b"]
+    assert free == 1
+
+
+def test_model_clock_counts_the_union_of_busy_intervals():
+    async def go():
+        clock = ModelClock()
+        clock.lap()
+
+        async def work(t):
+            with clock.busy():
+                await asyncio.sleep(t)
+        await asyncio.gather(work(0.2), work(0.1))   # overlapping: 0.2 busy, not 0.3
+        await asyncio.sleep(0.1)                      # idle
+        return clock.lap()
+    wall, idle = asyncio.run(go())
+    assert 0.29 < wall < 0.6
+    assert 0.08 < idle < wall - 0.19
+
+
+# --------------------------------------------------------------------------- off-policy
+
+def test_the_ratio_is_taken_against_the_sampler_s_logprobs():
+    """Trajectories sampled by an older copy of the weights: the update's ratio uses their
+    recorded log-probs, so it is not 1 and the clip acts (a recompute would give 1)."""
+    model = tiny()
+    trajs = [trajectory(model, "x + 1\n", 1.0, 0), trajectory(model, "x * 2\n", 0.0, 1)]
+    values, valid = rewards_tensor([1.0, 0.0])
+    adv = torch.tensor([1.0, -1.0])
+    g = GRPOConfig(micro_batch=2, lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-2)
+    on_policy = policy_step(model, opt, trajs, adv, valid, g)
+    assert on_policy.clip_frac == 0.0
+    for _ in range(3):   # the trainer moves on: the same trajectories are now stale
+        policy_step(model, opt, trajs, adv, valid, g)
+    stale = policy_step(model, opt, trajs, adv, valid, g)
+    assert stale.clip_frac > 0.0 and not stale.skipped
+
+
+# --------------------------------------------------------------------------- real runs
+
+def _config(out, **rollout):
+    return config_from_dict({
+        "run": {"out_dir": out, "seed": 3, "checkpoint_every": 1},
+        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+        "sft": {"steps": 5, "batch_size": 8},
+        "grpo": {"steps": 3, "tasks_per_step": 2, "group_size": 2, "micro_batch": 4,
+                 "lr": 1e-2},
+        "rollout": {"max_turns": 2, "max_new_tokens": 8, "env_workers": 2,
+                    "mode": "async", **rollout},
+        "eval": {"tasks": 0}})
+
+
+def _steps(out):
+    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
+    return [x for x in lines if x["kind"] in ("step", "skip")]
+
+
+def _alternating_advantages(monkeypatch):
+    # an untrained model fails every task, so every advantage would be 0 and nothing
+    # would be trained: give the samples signal (alternating +1 / -1)
+    import trialbox.train.trainer as trainer_module
+    monkeypatch.setattr(trainer_module, "group_advantages",
+                        lambda r, v, kind: torch.where(torch.arange(r.numel()) % 2 == 0,
+                                                       1.0, -1.0).view(r.shape))
+
+
+def test_short_async_run_records_versions_keeps_the_bound_and_resumes(
+        runner, tmp_path, monkeypatch):
+    import trialbox.train.trainer as trainer_module
+    _alternating_advantages(monkeypatch)
+    trained = []   # (policy versions of the trajectories, model's step) per update
+    real = trainer_module.policy_step
+
+    def spy(model, opt, trajs, *a, **kw):
+        trained.append({t.policy_version for t in trajs})
+        return real(model, opt, trajs, *a, **kw)
+
+    monkeypatch.setattr(trainer_module, "policy_step", spy)
+    out = str(tmp_path / "run")
+    config = _config(out)
+    result = runner.run(train(config, runner.pool), timeout=300)
+    assert result.steps_done == 3 and not result.stopped
+    steps = _steps(out)
+    assert [x["policy_version"] for x in steps] == [0, 0, 1]
+    assert [x["staleness"] for x in steps] == [0, 1, 1]
+    assert trained == [{0}, {0}, {1}]   # every trajectory carries its sampler's version
+    for x in steps:
+        assert x["episodes"] == 4 and x["trained_on"] == 4 and x["kind"] == "step"
+        assert x["gen_s"] > 0 and x["env_wall_s"] > 0
+        assert 0.0 <= x["policy_wait_share"] <= 1.0 and x["policy_wait_s"] >= 0.0
+    # it trained: the weights moved away from the warm start
+    final, _ = load_model(os.path.join(out, "final"))
+    sft_model, _ = load_model(os.path.join(out, "sft"))
+    assert not all(torch.equal(a, b) for a, b in
+                   zip(final.parameters(), sft_model.parameters(), strict=True))
+    runner.assert_no_leaks()
+
+    # resume: the batches in flight were not saved; the producer restarts at the
+    # checkpoint's step with the checkpoint's weights (staleness 0 for the first batch)
+    more = with_changes(config, run={"resume": True}, grpo={"steps": 5})
+    result = runner.run(train(more, runner.pool), timeout=300)
+    assert result.steps_done == 5
+    steps = _steps(out)
+    assert [x["step"] for x in steps] == [1, 2, 3, 4, 5]
+    assert [x["policy_version"] for x in steps][3:] == [3, 3]
+    assert [x["staleness"] for x in steps][3:] == [0, 1]
+
+
+def test_async_with_a_larger_bound_and_ppo(runner, tmp_path):
+    out = str(tmp_path / "run")
+    config = config_from_dict({
+        "run": {"out_dir": out, "seed": 4, "checkpoint_every": 10},
+        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2},
+        "sft": {"steps": 5, "batch_size": 8},
+        "grpo": {"algorithm": "ppo", "steps": 4, "tasks_per_step": 2, "group_size": 2,
+                 "micro_batch": 4},
+        "rollout": {"max_turns": 2, "max_new_tokens": 8, "env_workers": 2,
+                    "mode": "async", "max_staleness": 2},
+        "eval": {"tasks": 0}})
+    result = runner.run(train(config, runner.pool), timeout=300)
+    assert result.steps_done == 4
+    steps = _steps(out)
+    assert [x["policy_version"] for x in steps] == [0, 0, 0, 1]
+    assert max(x["staleness"] for x in steps) == 2
+    assert all("value_loss" in x for x in steps)
+
+
+def test_async_non_finite_losses_are_skipped_then_the_run_stops(runner, tmp_path,
+                                                                monkeypatch):
+    import trialbox.train.update as update_module
+    real = update_module.token_logprobs
+    monkeypatch.setattr(update_module, "token_logprobs",
+                        lambda *a, **kw: real(*a, **kw) * float("nan"))
+    _alternating_advantages(monkeypatch)
+    out = str(tmp_path / "run")
+    config = with_changes(_config(out), grpo={"steps": 5, "max_bad_steps": 2})
+    result = runner.run(train(config, runner.pool), timeout=300)
+    assert result.steps_done == 2
+    assert "2 steps in a row had a non-finite loss" in result.stopped
+    assert [x["skipped"] for x in _steps(out)] == ["non-finite loss"] * 2
+    final, _ = load_model(os.path.join(out, "final"))
+    sft_model, _ = load_model(os.path.join(out, "sft"))
+    assert all(torch.equal(a, b) for a, b in
+               zip(final.parameters(), sft_model.parameters(), strict=True))
+    runner.assert_no_leaks()   # the batches still in flight were cancelled cleanly
