@@ -1,7 +1,8 @@
-"""The harness server: a shared harness session runs one trusted server that forks a
-child per judgement. Jobs are isolated from each other, a hung job is killed on its
-deadline (graded as a broken test, not a wrong answer), and a server that dies is an
-infrastructure failure: retried, never scored."""
+"""The harness server: a shared harness session runs one trusted server that runs
+judgement after judgement in its own process. What one job changes in the interpreter
+is put back before the next, a hung job is interrupted on its deadline (graded as a
+broken test, not a wrong answer), and a server that dies is an infrastructure failure:
+retried, never scored."""
 
 from __future__ import annotations
 
@@ -22,10 +23,16 @@ def task(*tests: str, setup: str = "") -> Task:
 
 
 def test_one_server_serves_many_jobs_and_jobs_do_not_share_state(runner):
-    """Test code that changes module state in one job does not see it in the next: each
-    job runs in a fresh child of the server."""
+    """Test code that changes module state in one job does not see it in the next: the
+    server puts back module globals, sys.path, the recursion limit and the modules a
+    job imported, and reseeds `random`, so unseeded draws are the same in every job."""
     leaky = task("import json; json.leaked = getattr(json, 'leaked', 0) + 1",
                  "import json; assert json.leaked == 1, json.leaked",
+                 "import sys; assert '/leak' not in sys.path; sys.path.append('/leak')",
+                 "import sys; assert sys.getrecursionlimit() != 1077; "
+                 "sys.setrecursionlimit(77 + 1000)",
+                 "import sys; assert 'colorsys' not in sys.modules; import colorsys",
+                 "import random; assert random.random() == random.Random(0).random()",
                  "assert candidate(2, 3) == 5")
 
     async def body():

@@ -126,9 +126,11 @@ async def open_harness(pool: CellPool, config: JudgeConfig | None = None) -> Nam
 
 class _HarnessServer:
     """The trusted harness as a server in a shared harness session (harness_program's
-    `serve()`): one sandbox run for many judgements, each job in a child it forks.
-    Compared with a sandbox run per job it saves the run's set-up (user namespace,
-    seccomp, rlimits, status records, cgroup reads) on every attempt. Created lazily
+    `serve()`): one sandbox run for many judgements, each job run in the server's own
+    process (test code is trusted; the server puts back what a job changed before the
+    next). Compared with a sandbox run per job it saves the run's set-up (user
+    namespace, seccomp, rlimits, status records, cgroup reads) on every attempt, and
+    compared with a child per job a fork and its copy-on-write faults. Created lazily
     for a session from `open_harness`; a server that dies is started again."""
 
     def __init__(self, sb: NamespaceSandbox, config: JudgeConfig):
@@ -176,18 +178,23 @@ class _HarnessServer:
                 self._start()
             assert self.ctl is not None and self.run is not None
             self.seq += 1
-            name = f"job-{self.seq}.json"
-            await self.sb.write_file(name, json.dumps(job).encode())
-            request = {"seq": self.seq, "job": name, "nonce": nonce,
-                       "deadline": deadline_s}
-            socket.send_fds(self.ctl, [json.dumps(request).encode()], [channel.fileno()])
+            request: dict[str, Any] = {"seq": self.seq, "nonce": nonce,
+                                       "deadline": deadline_s, "job": job}
+            data = json.dumps(request).encode()
+            if len(data) > _INLINE_MAX:  # a datagram this big may not fit: a file
+                name = f"job-{self.seq}.json"
+                await self.sb.write_file(name, json.dumps(job).encode())
+                del request["job"]
+                request["job_file"] = name
+                data = json.dumps(request).encode()
+            socket.send_fds(self.ctl, [data], [channel.fileno()])
         except (OSError, UsageError) as e:
             self.shutdown()
             return None, f"harness server: {e}", True
         finally:
             channel.close()
         loop = asyncio.get_running_loop()
-        reply_task = asyncio.ensure_future(loop.sock_recv(self.ctl, 1 << 16))
+        reply_task = asyncio.ensure_future(loop.sock_recv(self.ctl, 1 << 17))
         try:
             waiting: set[asyncio.Future[Any]] = {reply_task, self.run}
             done, _ = await asyncio.wait(waiting, timeout=deadline_s + 5,
@@ -204,11 +211,17 @@ class _HarnessServer:
         reply = json.loads(reply_task.result())
         if not reply.get("ok") or reply.get("seq") != self.seq:
             return None, str(reply.get("why") or "bad reply"), False
+        if isinstance(reply.get("report"), dict):
+            return reply["report"], "", False
         try:
-            data = await self.sb.read_file(f"out-{self.seq}.json")
+            data = await self.sb.read_file(str(reply.get("report_file")))
             return json.loads(data), "", False
         except (UsageError, ValueError) as e:
             return None, f"the harness's report is unreadable: {e}", False
+
+
+_INLINE_MAX = 60_000
+"""Jobs up to this size travel in the request itself, larger ones as a workspace file."""
 
 
 _servers: weakref.WeakKeyDictionary[NamespaceSandbox, _HarnessServer] = \

@@ -2,8 +2,9 @@
 candidate's) as `python3 -c 'import _trialbox_harness as m; m.main()'`, with `job.json`
 (the task's setup and tests) beside it and fd 3 connected to the candidate's stub.
 
-`serve()` is the same, for many tasks: a server per harness session that forks a
-child per job (see its docstring) — a job then costs a fork instead of a sandbox run.
+`serve()` is the same, for many tasks: a server per harness session that runs job after
+job in its own process (see its docstring) — a job then costs neither a sandbox run nor
+a fork.
 
 It runs the task's test code with `candidate` bound to a proxy: calling it sends the
 arguments as plain data to the candidate process and returns the decoded plain-data
@@ -108,6 +109,11 @@ class TestDataError(Exception):
     """The task's own test code is broken (not the candidate's fault)."""
 
 
+class JobDeadline(BaseException):
+    """Raised by the server's alarm when a job runs past its deadline. A BaseException,
+    and re-raised wherever run_job catches everything, so no test can swallow it."""
+
+
 def run_job(job, nonce, channel_fd):
     """Run one task's tests against the candidate on `channel_fd`; the report dict."""
     chan = _Channel(channel_fd, job["call_timeout"])
@@ -123,6 +129,8 @@ def run_job(job, nonce, channel_fd):
     namespace = {"__name__": "__trialbox_test__"}
     try:
         exec(compile(job["setup"], "test_setup", "exec"), namespace)
+    except JobDeadline:
+        raise
     except BaseException as e:
         out["setup_error"] = "%s: %s" % (type(e).__name__, e)
     proxy = lambda *args: chan.call(args)  # noqa: E731
@@ -146,6 +154,8 @@ def run_job(job, nonce, channel_fd):
             except TestDataError as e:
                 passed, message = False, "test error: %s" % e
                 out["setup_error"] = out["setup_error"] or str(e)
+            except JobDeadline:
+                raise
             except BaseException as e:  # e.g. a wrong type the test cannot compare
                 passed, message = False, "%s: %s" % (type(e).__name__, str(e)[:500])
         out["results"].append({"name": test["name"], "passed": passed,
@@ -164,60 +174,136 @@ def main():
     sys.stdout.flush()
 
 
-def serve():
-    """Many jobs, one after another, each in a child forked for it (so nothing one
-    task's test code does reaches the next, and a hung job is killed on its deadline).
+# Modules the tests of HumanEval-style tasks import: loaded before the server's first
+# job, so they are part of the state every job starts from (not imported by one job and
+# forgotten after it).
+SERVER_IMPORTS = ("copy", "math", "random", "string")
+INLINE_MAX = 60000  # larger jobs and reports go through a workspace file
+_MISSING = object()
 
-    Control socket (SOCK_SEQPACKET) on fd 3. Request: {"seq", "job" (a file in the
-    workspace), "nonce", "deadline" (s)} with the candidate's channel passed as an fd.
-    The child writes its report to out-SEQ.json (atomically) and exits; then the reply
-    {"seq", "ok": bool, "why": str}. EOF on the control socket ends the server."""
+
+def _on_alarm(_signum, _frame):
+    raise JobDeadline
+
+
+class _Baseline:
+    """What a job may change in this process and must not leave to the next one: the
+    globals of every loaded module (restored shallowly: rebinding `json.x` is undone,
+    mutating an object json.x refers to is not), modules a job imported (forgotten, so
+    the next job imports them afresh), sys.path, the recursion limit, warning filters,
+    and the random module's state (reseeded, so tests that draw without a seed see the
+    same draws in every job)."""
+
+    def __init__(self):
+        self.modules = dict(sys.modules)
+        self.globals = {name: dict(m.__dict__) for name, m in self.modules.items()
+                        if getattr(m, "__dict__", None) is not None}
+        self.path = list(sys.path)
+        self.recursion = sys.getrecursionlimit()
+        import warnings
+        self.warnings = warnings
+        self.filters = list(warnings.filters)
+
+    def restore(self):
+        import random
+        for name in [n for n in sys.modules if n not in self.modules]:
+            del sys.modules[name]
+        for name, module in self.modules.items():
+            sys.modules[name] = module
+            saved = self.globals.get(name)
+            if saved is None:
+                continue
+            now = module.__dict__
+            try:
+                same = now == saved  # identical values compare equal without __eq__
+            except Exception:
+                same = False
+            if not same:
+                for key in [k for k in now if k not in saved]:
+                    del now[key]
+                for key, value in saved.items():
+                    if now.get(key, _MISSING) is not value:
+                        now[key] = value
+        sys.path[:] = self.path
+        sys.setrecursionlimit(self.recursion)
+        self.warnings.filters[:] = self.filters
+        self.warnings._filters_mutated()
+        random.seed(0)
+
+
+def _serve_one(req, chan_fd):
+    """One job in this process, under an alarm at its deadline. Returns (report, why)."""
+    if "job" in req:
+        job = req["job"]
+    else:
+        with open(req["job_file"]) as f:
+            job = json.load(f)
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, float(req["deadline"])))
+    try:
+        return run_job(job, req["nonce"], chan_fd), ""
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def serve():
+    """Many jobs, one after another, in this process: the task's test code is trusted
+    and only plain data comes from the candidate, so no job needs a process of its own.
+    What a job changes in the interpreter is put back before the next (`_Baseline`),
+    and a job past its deadline is interrupted by an alarm (test code stuck inside one
+    C call cannot be: the judge then stops this server and the attempt is retried as
+    an infrastructure failure).
+
+    Control socket (SOCK_SEQPACKET) on fd 3. Request: {"seq", "nonce", "deadline" (s),
+    and "job" (the job itself) or "job_file" (a file in the workspace, for big jobs)}
+    with the candidate's channel passed as an fd, closed when the job ends (the
+    candidate sees EOF). Reply: {"seq", "ok": bool, "why": str, and "report" or
+    "report_file" (out-SEQ.json, for big reports)}. EOF on the control socket ends the
+    server."""
     ctl = socket.socket(fileno=CHANNEL)
     devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 1)  # test code's prints must not fill the sandbox's pipes
+    os.dup2(devnull, 2)
+    for name in SERVER_IMPORTS:
+        __import__(name)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    baseline = _Baseline()
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 16, 4)
+            data, fds, _flags, _addr = socket.recv_fds(ctl, 1 << 17, 4)
         except OSError:
             return
         if not data:
             return
-        req = json.loads(data)
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            ctl.send(json.dumps({"seq": req.get("seq"), "ok": False,
-                                 "why": "no candidate channel with the request"}).encode())
-            continue
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                ctl.close()
-                os.dup2(devnull, 1)  # test code's prints must not fill the server's pipe
-                os.dup2(devnull, 2)
-                with open(req["job"]) as f:
-                    job = json.load(f)
-                out = run_job(job, req["nonce"], fds[0])
-                tmp = "out-%d.tmp" % req["seq"]
-                with open(tmp, "w") as f:
-                    f.write(json.dumps(out))
-                os.rename(tmp, "out-%d.json" % req["seq"])
-            except BaseException:
-                code = 1
-            os._exit(code)
-        os.close(fds[0])  # the child has it: EOF for the candidate when the child ends
-        why = ""
-        pidfd = os.pidfd_open(pid)
+        reply = {"seq": None, "ok": False, "why": ""}
         try:
-            if not select.select([pidfd], [], [], req["deadline"])[0]:
-                os.kill(pid, signal.SIGKILL)
-                why = "the test job ran past its %.1f s deadline" % req["deadline"]
-            _, status = os.waitpid(pid, 0)
+            req = json.loads(data)
+            reply["seq"] = req.get("seq")
+            if len(fds) != 1:
+                reply["why"] = "no candidate channel with the request"
+            else:
+                baseline.restore()
+                out, reply["why"] = _serve_one(req, fds[0])
+                text = json.dumps(out)
+                if len(text) <= INLINE_MAX:
+                    reply["report"] = out
+                else:
+                    name = "out-%d.json" % req["seq"]
+                    with open(name + ".tmp", "w") as f:
+                        f.write(text)
+                    os.rename(name + ".tmp", name)
+                    reply["report_file"] = name
+                reply["ok"] = True
+        except JobDeadline:
+            reply["ok"], reply["why"] = False, (
+                "the test job ran past its %.1f s deadline" % req["deadline"])
+        except BaseException as e:  # the job's machinery, not a test, failed
+            reply["ok"], reply["why"] = False, "the test job crashed: %s: %s" % (
+                type(e).__name__, str(e)[:300])
         finally:
-            os.close(pidfd)
-        if not why and status != 0:
-            why = "the test job crashed (wait status %d)" % status
-        ctl.send(json.dumps({"seq": req["seq"], "ok": not why, "why": why}).encode())
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            for fd in fds:  # the candidate sees EOF once the job is over
+                os.close(fd)
+        ctl.send(json.dumps(reply).encode())
 
 
 if __name__ == "__main__":
