@@ -1,7 +1,8 @@
 """Smoke test of `trialbox bench train` at a tiny budget, through the real CLI in a
 subprocess (TRL, torch threads and the judge's pools stay out of the test process): both
-systems ran every step, every completion was graded by the judge in real sandboxes, and
-every figure is a number. Plus: the TRL tokenizer has exactly the byte ids of trialbox's
+systems (trialbox sync and async, TRL) ran every step, every completion was graded by
+the judge in real sandboxes, every figure is a number, and the async run kept its
+staleness bound. Plus: the TRL tokenizer has exactly the byte ids of trialbox's
 ByteTokenizer (otherwise the two systems would not be running the same model), and a
 bad flag is a usage error."""
 
@@ -33,19 +34,19 @@ def test_bad_flag_is_a_usage_error(capsys):
     assert "--group" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_bench_train_smoke(tmp_path):
     out_file = tmp_path / "train.json"
     proc = subprocess.run(
         [sys.executable, "-m", "trialbox.cli", "bench", "train", "--json", "--steps", "2",
          "--prompts", "2", "--group", "2", "--max-new-tokens", "8", "--sft-steps", "2",
          "--threads", "1", "--out", str(out_file)],
-        capture_output=True, text=True, timeout=110)
+        capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert json.loads(out_file.read_text()) == res
     assert res["problems"] == []
-    for name in ("trialbox", "trl"):
+    for name in ("trialbox", "trialbox_async", "trl"):
         s = res["systems"][name]
         assert s["steps"] == 2, (name, s)
         assert s["episodes"] == s["graded"] == 2 * 2 * 2, (name, s)
@@ -54,4 +55,7 @@ def test_bench_train_smoke(tmp_path):
             assert isinstance(s[key], float) and s[key] > 0, (name, key, s)
         assert 0 < s["gen_share"] < 1 and 0 < s["env_share"] < 1, (name, s)
         assert 0 <= s["mean_reward"] <= 1
-    assert res["ratio_episodes_per_s"] > 0
+        assert 0 < s["policy_wait_share"] < 1 and 0 < s["loop_s"] <= s["wall_s"], (name, s)
+    assert res["systems"]["trialbox"]["max_staleness_seen"] == 0
+    assert res["systems"]["trialbox_async"]["max_staleness_seen"] == 1
+    assert res["ratio_episodes_per_s"] > 0 and res["ratio_async_sync_episodes_per_s"] > 0

@@ -1,9 +1,10 @@
 """`trialbox bench train`: single-turn GRPO throughput on the demo model, trialbox's trainer
-side by side with TRL's `GRPOTrainer` in the same run.
+(sync and async) side by side with TRL's `GRPOTrainer` in the same run, and the share of
+the training loop's time the policy waited on environments.
 
     trialbox bench train [--json] [--out FILE] [--steps 4] [--prompts 8] [--group 4]
                          [--max-new-tokens 24] [--env-workers 4] [--threads 2]
-                         [--sft-steps 100] [--seed 0]
+                         [--sft-steps 100] [--seed 0] [--max-staleness 1] [--trl-first]
 
 Work (identical for both systems): the demo model (trialbox/train/model.py, the byte-level
 GPT-2 shape of demo.toml, built with the same seed, then a shared, untimed `--sft-steps`
@@ -16,9 +17,14 @@ update epoch, no KL term; the binary reward of trialbox's trusted judge
 (`judge_function`, real sandboxes, hidden tests) on every completion.
 
 * ``trialbox`` — `trialbox.train.trainer.train()` itself (sft.steps = 0, eval.tasks = 0,
-  rollout.max_turns = 1): the agent loop generates a step's batch in one batched call,
-  grades the completions concurrently (`--env-workers` at once) and updates; it also
-  writes its metrics.jsonl, TensorBoard events and a checkpoint, as a real run does.
+  rollout.max_turns = 1), sync mode: the agent loop generates a step's batch in one
+  batched call, grades the completions concurrently (`--env-workers` at once) and
+  updates; it also writes its metrics.jsonl, TensorBoard events and a checkpoint, as a
+  real run does.
+* ``trialbox_async`` — the same with `[rollout] mode = "async"`, `max_staleness =
+  --max-staleness`: the next batches are generated while the current one is judged and
+  the update runs (trialbox/train/pipeline.py); the batches in flight share the same
+  `--env-workers` judge slots, so async adds overlap, not environment capacity.
 * ``trl`` — `trl.GRPOTrainer` on CPU (`use_cpu`, no vLLM, `report_to="none"`, no saving):
   generation batch = one optimizer step = prompts × group. Its reward function grades the
   step's completions all at once through the same judge: TRL calls reward functions
@@ -33,11 +39,18 @@ completions of both run to the budget, and tokens/s counts what each actually ge
 The judge grades TRL's completion cut at its first newline, as trialbox's would be.
 
 Figures per system: wall time (setup included), episodes/s and generated tokens/s over
-the wall time, median step time, and the share of wall time in generation, in the
-environment (judging) and elsewhere (update, logging). Ratio column: trialbox over TRL
-(for times TRL / trialbox, so > 1 means trialbox is faster). Output: a table; with
---json the results as one JSON object on the last line; --out FILE writes it too.
-Exit 0 when both ran and graded, 1 when a system failed or graded nothing.
+the wall time, median step time, the share of wall time in generation and in the
+environment (judging; async batches overlap, so theirs can add up past the wall time),
+and **policy wait**: the seconds of the training loop (first step's start to the last
+step's end) in which the model neither generated nor trained, and their share of the
+loop. trialbox: the loop's time minus the union of its generate calls and updates
+(`pipeline.ModelClock`; its logging and checkpoints count as waiting, milliseconds).
+TRL: the time inside its reward function (the judge; TRL generates, grades and updates
+one after the other, so the model waits all of it). Ratio columns: async / sync,
+sync / TRL and async / TRL (for times the inverse, so > 1 means the first is faster).
+Output: a table; with --json the results as one JSON object on the last line; --out FILE
+writes it too. Exit 0 when every system ran and graded, 1 when one failed or graded
+nothing.
 """
 
 from __future__ import annotations
@@ -56,13 +69,14 @@ from typing import Any
 from trialbox.bench.sandbox import machine_info
 from trialbox.errors import UsageError
 
-SYSTEMS = ("trialbox", "trl")
+SYSTEMS = ("trialbox", "trialbox_async", "trl")
 DEMO_TOML = os.path.join(os.path.dirname(__file__), "..", "train", "demo.toml")
 
 
 def add_parser(bsub: Any) -> None:
-    p = bsub.add_parser("train", help="single-turn GRPO episodes/s and tokens/s on the demo "
-                        "model: trialbox's trainer vs TRL's GRPOTrainer")
+    p = bsub.add_parser("train", help="single-turn GRPO episodes/s, tokens/s and policy "
+                        "wait on the demo model: trialbox's trainer (sync, async) vs TRL's "
+                        "GRPOTrainer")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per system (4)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (8)")
@@ -73,15 +87,20 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="model and task seed (0)")
     p.add_argument("--sft-steps", type=int, default=100,
                    help="supervised warm start shared by both systems, not timed (100)")
+    p.add_argument("--max-staleness", type=int, default=1,
+                   help="trialbox_async: [rollout] max_staleness (1)")
     p.add_argument("--trl-first", action="store_true",
-                   help="run TRL before trialbox (to check the order does not matter)")
+                   help="run the systems in reverse order: TRL first (to check the "
+                   "order does not matter)")
     p.add_argument("--out", help="also write the JSON results to this file")
     p.set_defaults(handler=main)
 
 
-def _config(args: argparse.Namespace, out_dir: str, model_path: str = "") -> Any:
+def _config(args: argparse.Namespace, out_dir: str, model_path: str = "",
+            asynchronous: bool = False) -> Any:
     from trialbox.train.config import load_config
-    for name in ("steps", "prompts", "group", "max_new_tokens", "env_workers", "threads"):
+    for name in ("steps", "prompts", "group", "max_new_tokens", "env_workers", "threads",
+                 "max_staleness"):
         value = getattr(args, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, "
@@ -101,7 +120,9 @@ def _config(args: argparse.Namespace, out_dir: str, model_path: str = "") -> Any
                  "group_size": args.group, "micro_batch": batch, "epochs": 1,
                  "kl_coef": 0.0},
         "rollout": {"max_turns": 1, "max_new_tokens": args.max_new_tokens,
-                    "env_workers": args.env_workers, "temperature": 1.0}})
+                    "env_workers": args.env_workers, "temperature": 1.0,
+                    **({"mode": "async", "max_staleness": args.max_staleness}
+                       if asynchronous else {})}})
 
 
 def warm_start(config: Any, steps: int, path: str) -> None:
@@ -145,7 +166,10 @@ def run_trialbox(config: Any) -> dict[str, Any]:
                     gen_s=sum(float(r["gen_s"]) for r in steps),
                     env_s=sum(float(r["env_wall_s"]) for r in steps),
                     mean_reward=_mean([float(r["reward"]) for r in steps]),
-                    steps_done=result.steps_done)
+                    steps_done=result.steps_done,
+                    loop_s=sum(float(r["lap_s"]) for r in steps),
+                    wait_s=sum(float(r["policy_wait_s"]) for r in steps),
+                    staleness=[int(r["staleness"]) for r in steps])
 
 
 # --------------------------------------------------------------------------- TRL
@@ -332,7 +356,9 @@ def run_trl(config: Any, out_dir: str) -> dict[str, Any]:
     step_s = [b - a for a, b in zip(step_ends, step_ends[1:], strict=False)]
     return _figures(wall=wall, episodes=int(timing["episodes"]), graded=int(timing["graded"]),
                     tokens=int(timing["tokens"]), step_s=step_s, gen_s=float(timing["gen_s"]),
-                    env_s=judge.seconds, mean_reward=_mean(rewards), steps_done=steps_done)
+                    env_s=judge.seconds, mean_reward=_mean(rewards), steps_done=steps_done,
+                    loop_s=step_ends[-1] - step_ends[0] if step_ends else 0.0,
+                    wait_s=judge.seconds, staleness=[])
 
 
 # --------------------------------------------------------------------------- report
@@ -343,7 +369,8 @@ def _mean(xs: list[float]) -> float | None:
 
 def _figures(*, wall: float, episodes: int, graded: int, tokens: int, step_s: list[float],
              gen_s: float, env_s: float, mean_reward: float | None,
-             steps_done: int) -> dict[str, Any]:
+             steps_done: int, loop_s: float, wait_s: float,
+             staleness: list[int]) -> dict[str, Any]:
     return {"wall_s": round(wall, 3), "steps": steps_done, "episodes": episodes,
             "graded": graded, "tokens": tokens,
             "episodes_per_s": round(episodes / wall, 3) if wall > 0 else None,
@@ -352,7 +379,10 @@ def _figures(*, wall: float, episodes: int, graded: int, tokens: int, step_s: li
             "gen_s": round(gen_s, 3), "env_s": round(env_s, 3),
             "gen_share": round(gen_s / wall, 3) if wall > 0 else None,
             "env_share": round(env_s / wall, 3) if wall > 0 else None,
-            "mean_reward": round(mean_reward, 3) if mean_reward is not None else None}
+            "mean_reward": round(mean_reward, 3) if mean_reward is not None else None,
+            "loop_s": round(loop_s, 3), "policy_wait_s": round(wait_s, 3),
+            "policy_wait_share": round(wait_s / loop_s, 3) if loop_s > 0 else None,
+            "max_staleness_seen": max(staleness) if staleness else None}
 
 
 ROWS = [("wall_s", "wall time (s)", "time"), ("episodes_per_s", "episodes/s", "rate"),
@@ -361,7 +391,13 @@ ROWS = [("wall_s", "wall time (s)", "time"), ("episodes_per_s", "episodes/s", "r
         ("tokens", "generated tokens", ""), ("graded", "graded by the judge", ""),
         ("gen_share", "share of wall: generation", ""),
         ("env_share", "share of wall: environment", ""),
+        ("loop_s", "training loop (s)", "time"),
+        ("policy_wait_s", "policy waited on env (s)", "time"),
+        ("policy_wait_share", "share of loop: policy waited", ""),
+        ("max_staleness_seen", "max staleness seen", ""),
         ("mean_reward", "mean reward", "")]
+RATIOS = [("trialbox_async", "trialbox", "async/sync"), ("trialbox", "trl", "sync/trl"),
+          ("trialbox_async", "trl", "async/trl")]
 
 
 def ratio(a: Any, b: Any, kind: str) -> float | None:
@@ -372,12 +408,14 @@ def ratio(a: Any, b: Any, kind: str) -> float | None:
 
 def table(results: dict[str, Any]) -> str:
     s = results["systems"]
-    lines = [f"{'':30} {'trialbox':>10} {'trl':>10} {'ratio':>7}"]
+    heads = ["sync", "async", "trl"] + [label for _, _, label in RATIOS]
+    lines = [f"{'':30}" + "".join(f" {h:>10}" for h in heads)]
     for key, label, kind in ROWS:
-        a, b = s["trialbox"].get(key), s["trl"].get(key)
-        rt = ratio(a, b, kind) if kind else None
-        lines.append(f"{label:30} {_cell(a):>10} {_cell(b):>10} "
-                     f"{(f'{rt:.2f}x' if rt is not None else ''):>7}")
+        cells = [_cell(s[name].get(key)) for name in SYSTEMS]
+        for a, b, _ in RATIOS:
+            rt = ratio(s[a].get(key), s[b].get(key), kind) if kind else None
+            cells.append(f"{rt:.2f}x" if rt is not None else "")
+        lines.append(f"{label:30}" + "".join(f" {c:>10}" for c in cells))
     return "\n".join(lines)
 
 
@@ -401,15 +439,19 @@ def main(args: argparse.Namespace) -> int:
         results: dict[str, Any] = {
             "benchmark": "train", "machine": machine_info(),
             "work": {"steps": args.steps, "prompts": args.prompts, "group": args.group,
+                     "max_staleness": args.max_staleness,
                      "max_new_tokens": args.max_new_tokens,
                      "env_workers": args.env_workers, "threads": args.threads,
                      "seed": args.seed, "sft_steps": args.sft_steps,
                      "sft_s": round(sft_s, 2), "trl_first": bool(args.trl_first)},
             "systems": {}}
         problems: list[str] = []
+        configs = {"trialbox": config,
+                   "trialbox_async": _config(args, os.path.join(tmp, "trialbox_async"),
+                                             config.model.path, asynchronous=True)}
         for name in (tuple(reversed(SYSTEMS)) if args.trl_first else SYSTEMS):
             try:
-                figs = run_trialbox(config) if name == "trialbox" else run_trl(config, tmp)
+                figs = run_trl(config, tmp) if name == "trl" else run_trialbox(configs[name])
             except (UsageError, KeyboardInterrupt):
                 raise
             except Exception as e:  # a system that fails is reported, the other still runs
@@ -421,6 +463,11 @@ def main(args: argparse.Namespace) -> int:
     s = results["systems"]
     results["ratio_episodes_per_s"] = ratio(s["trialbox"].get("episodes_per_s"),
                                             s["trl"].get("episodes_per_s"), "rate")
+    results["ratio_async_sync_episodes_per_s"] = ratio(
+        s["trialbox_async"].get("episodes_per_s"), s["trialbox"].get("episodes_per_s"),
+        "rate")
+    results["ratio_async_trl_episodes_per_s"] = ratio(
+        s["trialbox_async"].get("episodes_per_s"), s["trl"].get("episodes_per_s"), "rate")
     results["goal"] = "trialbox episodes/s >= 1.0x TRL"
     results["problems"] = problems
     print(table(results))
