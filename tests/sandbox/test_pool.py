@@ -65,6 +65,29 @@ def test_pool_shrinks_after_demand_falls():
     assert target == 1 and ready <= 2, (target, ready)
 
 
+def test_taking_and_handing_back_cells_does_not_churn_the_pool():
+    """A judge's pattern: four sessions at a time, each opened, run once and closed
+    (its cell reset and handed back). The pool refills from a low-water mark, so a cell
+    taken for a moment does not start a warm-up whose cell is then discarded: cells
+    are made for the first sessions, then only recycled."""
+    async def one(pool):
+        async with await NamespaceSandbox.open(pool, FAST) as sb:
+            await sb.exec(["true"])
+
+    async def body():
+        pool = await CellPool(PoolConfig(warm=4, max_warm=8)).start()
+        try:
+            await pool.settle(5)
+            for _ in range(10):
+                await asyncio.gather(*(one(pool) for _ in range(4)))
+            await pool.settle(5)
+            return pool._seq
+        finally:
+            await pool.close()
+    made = asyncio.run(body())
+    assert made <= 12, f"{made} cells made for 40 sessions of 4 at a time"
+
+
 def test_zygote_death_is_infra_then_recovers(runner):
     """Killing the fork server mid-session is the machinery failing: the run in flight
     reports `infra` (never a candidate status), and the next run gets a new cell from a

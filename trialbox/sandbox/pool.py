@@ -3,7 +3,10 @@
 A *cell* is one session's sandbox (see `zygote.py`): fresh namespaces, its own cgroup,
 the read-only root already built, the first candidate process forked and waiting. The
 pool keeps `PoolConfig.warm` cells ready, grows towards the recent peak of sessions in
-use (up to `max_warm`) and shrinks back when demand falls. A cell serves one session
+use (up to `max_warm`) and shrinks back when demand falls; it refills from a low-water
+mark (half the target) and drops surplus cells only once they have sat unused, so
+sessions that take a cell and hand it back (recycled) do not make the pool create and
+destroy cells (a judge did, every ~2 attempts, before). A cell serves one session
 (every process of each run is killed before the run's result is reported) and is
 destroyed when the session closes: nothing reaches the next session.
 
@@ -54,7 +57,8 @@ class PoolConfig:
     max_warming: int = 4
     """Cells being prepared at the same time (each costs ~3 ms of CPU)."""
     shrink_after_s: float = 10.0
-    """How long a peak in demand keeps the pool large before it shrinks back."""
+    """How long a peak in demand keeps the pool large before it shrinks back, and how
+    long a ready cell above the target sits unused before it is discarded."""
     state_dir: str = "/run/trialbox"
     """Host directory for session tmpfs mounts and the read-only root template."""
     python: str = "/usr/bin/python3"
@@ -236,6 +240,7 @@ class Cell:
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.on_status: Callable[[Cell], None] | None = None
         self.error = ""
+        self.idle_since = 0.0  # when it last went into the ready set (pool trimming)
 
     def _status_data(self, reader: FdReader) -> None:
         if not self.ready.done():
@@ -311,6 +316,7 @@ class CellPool:
         self._ctl: socket.socket | None = None
         self._ready: deque[Cell] = deque()
         self._warming = 0
+        self._refilling = True  # between the low-water mark and the target (_refill)
         self._seq = 0
         self._in_use = 0
         self._peak_value, self._peak_at = 0, 0.0
@@ -580,6 +586,7 @@ class CellPool:
                 self.release(cell)
             else:
                 cell.uses += 1
+                cell.idle_since = time.monotonic()
                 self._ready.appendleft(cell)  # next to be used; a shrink drops fresh ones
         else:
             self.release(cell)
@@ -653,14 +660,30 @@ class CellPool:
         if self.closed:
             return
         target = self.target()
-        while len(self._ready) > target:
+        # Ready cells above the target go only once they have sat unused for
+        # shrink_after_s (the right end of the deque is the idlest: recycled cells are
+        # taken first): cells handed back by sessions that come and go must not be
+        # thrown away to be made again a moment later.
+        now = time.monotonic()
+        while len(self._ready) > target and (
+                len(self._ready) > self.config.max_warm
+                or now - self._ready[-1].idle_since >= self.config.shrink_after_s):
             self._ready.pop().discard()
         if self._failures >= 3:
             if self._zproc is not None and self._zproc.poll() is not None:
                 self._failures = 0  # the zygote died: the next warm restarts it
             else:
                 return
-        while (len(self._ready) + self._warming < target
+        # Refill in bursts, from a low-water mark back up to the target, so a cell
+        # taken and handed back (recycled) a moment later does not start a warm-up
+        # each time. With both rules, a judge's steady take-and-return stops making
+        # and destroying a cell every ~2 attempts.
+        stock = len(self._ready) + self._warming
+        if stock < max(1, target // 2):
+            self._refilling = True
+        elif stock >= target:
+            self._refilling = False
+        while (self._refilling and len(self._ready) + self._warming < target
                and self._warming < self.config.max_warming):
             self._warming += 1
             task = self.loop.create_task(self._warm_one())
@@ -683,6 +706,7 @@ class CellPool:
         if self.closed:
             cell.discard()
             return
+        cell.idle_since = time.monotonic()
         self._ready.append(cell)
         self._refill()
 
