@@ -114,6 +114,23 @@ class JobDeadline(BaseException):
     and re-raised wherever run_job catches everything, so no test can swallow it."""
 
 
+_CODE_CACHE = {}
+_CODE_CACHE_MAX = 4096
+
+
+def _compiled(source, name):
+    """The code object of a trusted test statement, compiled once per server: a task is
+    judged again and again (several samples, repeats), and compiling its tests cost
+    more than running them. Code objects are immutable, so sharing one is safe."""
+    key = (source, name)
+    code = _CODE_CACHE.get(key)
+    if code is None:
+        if len(_CODE_CACHE) >= _CODE_CACHE_MAX:
+            _CODE_CACHE.clear()
+        code = _CODE_CACHE[key] = compile(source, name, "exec")
+    return code
+
+
 def run_job(job, nonce, channel_fd):
     """Run one task's tests against the candidate on `channel_fd`; the report dict."""
     chan = _Channel(channel_fd, job["call_timeout"])
@@ -128,7 +145,7 @@ def run_job(job, nonce, channel_fd):
         out["load"] = "the solution failed to load: %s" % e
     namespace = {"__name__": "__trialbox_test__"}
     try:
-        exec(compile(job["setup"], "test_setup", "exec"), namespace)
+        exec(_compiled(job["setup"], "test_setup"), namespace)
     except JobDeadline:
         raise
     except BaseException as e:
@@ -145,7 +162,7 @@ def run_job(job, nonce, channel_fd):
             passed, message = False, out["load"] or "test setup failed"
         else:
             try:
-                exec(compile(test["code"], test["name"], "exec"), namespace)
+                exec(_compiled(test["code"], test["name"]), namespace)
                 passed, message = True, ""
             except AssertionError as e:
                 passed, message = False, "assertion failed" + (": %s" % e if str(e) else "")
