@@ -65,9 +65,12 @@ class NamespaceSandbox:
 
     def _open_session(self) -> None:
         self.uid = self.pool.take_uid()
-        self.dir = os.path.join(self.pool.sessions_dir, f"u{self.uid}")
+        try:
+            self.dir = self.pool.take_session_dir()
+        except OSError as e:
+            self._teardown()
+            raise SandboxStartError(f"could not create the session workspace: {e}") from e
         self.mount_sources = [os.path.join(self.dir, name) for name in SESSION_DIRS]
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
         try:
             mounts.mount_tmpfs(self.dir, self.limits.disk_bytes, uid=0, mode=0o755)
             for name in SESSION_DIRS:
@@ -110,11 +113,13 @@ class NamespaceSandbox:
             self.pool.done_with(self.cell, recycle=True)
             self.cell = None
         if self.dir:
-            mounts.umount(self.dir)
-            # rmdir of a just-unmounted mount point waits ~3 ms in the kernel: the pool
-            # does it off the event loop, then gives the uid back.
-            self.pool.retire_session_dir(self.dir, self.uid)
-            self.dir, self.uid = "", -1
+            try:
+                mounts.umount(self.dir)
+            except OSError:
+                pass  # still mounted: not given back (the pool's close unmounts it)
+            else:
+                self.pool.give_session_dir(self.dir)
+            self.dir = ""
         if self.uid >= 0:
             self.pool.give_uid(self.uid)
             self.uid = -1
