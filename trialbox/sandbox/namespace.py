@@ -112,14 +112,9 @@ class NamespaceSandbox:
         if self.cell is not None:
             self.pool.done_with(self.cell, recycle=True)
             self.cell = None
-        if self.dir:
-            try:
-                mounts.umount(self.dir)
-            except OSError:
-                pass  # still mounted: not given back (the pool's close unmounts it)
-            else:
-                self.pool.give_session_dir(self.dir)
-            self.dir = ""
+        if self.dir:  # unmounted off the event loop; the uid is free after that
+            self.pool.retire_session(self.dir, self.uid)
+            self.dir, self.uid = "", -1
         if self.uid >= 0:
             self.pool.give_uid(self.uid)
             self.uid = -1

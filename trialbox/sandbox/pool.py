@@ -327,6 +327,7 @@ class CellPool:
         self._tasks: set[asyncio.Task[None]] = set()
         self._janitor = ThreadPoolExecutor(1, thread_name_prefix="trialbox-cgroups")
         self._free_dirs: list[str] = []  # session directories to reuse (take_session_dir)
+        self._dirs = ThreadPoolExecutor(1, thread_name_prefix="trialbox-umount")
         self._dir_seq = 0
         self.closed = False
         self.started = False
@@ -460,6 +461,7 @@ class CellPool:
                 except Exception:  # the loop may already be gone
                     pass
         self._janitor.shutdown(wait=True)
+        self._dirs.shutdown(wait=True)
         if self.cgroups is not None:
             top = f"trialbox/{self.id}"
             for _ in range(100):
@@ -496,7 +498,7 @@ class CellPool:
     def take_session_dir(self) -> str:
         """An empty, unmounted directory for a new session's tmpfs: one a closed session
         gave back, or a new one. Directories are reused, never removed while the pool
-        lives: rmdir of a mount point just unmounted waits ~3 ms in the kernel while
+        lives: rmdir of a mount point just unmounted waits for an RCU grace period while
         holding the parent directory's lock (every other session's mkdir waited on it)."""
         if self._free_dirs:
             return self._free_dirs.pop()
@@ -505,9 +507,34 @@ class CellPool:
         os.mkdir(path, 0o700)
         return path
 
-    def give_session_dir(self, path: str) -> None:
-        """A closed session's directory, its tmpfs unmounted: free for the next one."""
-        self._free_dirs.append(path)
+    def retire_session(self, path: str, uid: int) -> None:
+        """Unmount a closed session's tmpfs, then make its directory and uid free again.
+        Every umount that unmounts something waits for an expedited RCU grace period
+        (~1-3 ms here, longer under load): a thread of its own does it, never the event
+        loop, nor the cgroup janitor that new cells wait on."""
+        def work() -> None:
+            try:
+                mounts.umount(path)
+                freed: str | None = path
+            except OSError:
+                freed = None  # still mounted: not reused (the pool's close unmounts it)
+            try:
+                self.loop.call_soon_threadsafe(self._retired, freed, uid)
+            except RuntimeError:  # the loop is closed: so is the pool
+                pass
+        try:
+            self._dirs.submit(work)
+        except RuntimeError:  # the pool is closed: unmount here
+            try:
+                mounts.umount(path)
+            except OSError:
+                pass
+            self.give_uid(uid)
+
+    def _retired(self, path: str | None, uid: int) -> None:
+        if path is not None and not self.closed:
+            self._free_dirs.append(path)
+        self.give_uid(uid)
 
     # ---------------------------------------------------------------- cells
     def _ensure_zygote(self) -> None:
@@ -660,19 +687,20 @@ class CellPool:
 
     async def settle(self, timeout: float = 2.0) -> None:
         """Wait until the pool is idle: its warm cells ready, none being prepared, the
-        cgroup janitor done. For benchmarks, which must not time the refill of one
-        measurement inside the next."""
+        cgroup janitor and the unmounting thread done. For benchmarks, which must not
+        time the refill of one measurement inside the next."""
         deadline = time.monotonic() + timeout
         while ((len(self._ready) < self.config.warm or self._warming > 0)
                and time.monotonic() < deadline and not self.closed):
             await asyncio.sleep(0.0005)
         if self.closed:
             return
-        try:  # one thread, FIFO: a no-op queued now runs after everything before it
-            await asyncio.wait_for(self.loop.run_in_executor(self._janitor, lambda: None),
-                                   max(0.01, deadline - time.monotonic()))
-        except (TimeoutError, RuntimeError):
-            pass
+        for worker in (self._janitor, self._dirs):
+            try:  # one thread, FIFO: a no-op queued now runs after everything before it
+                await asyncio.wait_for(self.loop.run_in_executor(worker, lambda: None),
+                                       max(0.01, deadline - time.monotonic()))
+            except (TimeoutError, RuntimeError):
+                pass
 
     def _refill(self) -> None:
         if self.closed:
