@@ -39,8 +39,18 @@ episode's turns all come from one version). At most K + 1 batches are in flight 
 s + 1 + K is launched only after batch s was trained), so K + 1 copies suffice. Cost:
 (K + 1) x the model's memory (the demo's 0.66M parameters: ~2.6 MB each; a 0.5B model
 in fp32 on a GPU: 2 GB each) and one copy of the weights per step (microseconds here).
-The alternative, a lock around the live model, would serialise generation with the
-update, which is the overlap async mode is for. Sync mode samples from the live model.
+A lock around the live model would not do: a multi-turn batch's later turns would be
+sampled by newer weights than its first. Sync mode samples from the live model.
+
+**One model, one thing at a time; one environment limit.** The batches in flight and
+the update share two `PrioritySlots`: the model's (one generate call or update at a
+time) and the environment's (`env_workers` turns judged at once), both granted to the
+oldest batch first, so the batch the trainer needs next is not slowed by younger ones.
+The overlap async mode buys is between the model and the environment, not between two
+model computations: on one device those only compete (on the 2-core CPU machine,
+concurrent generate threads and update also fight over the GIL, which the small
+model's Python sampling loop holds most of the time, and starve the event loop that
+drives the judge). Async mode adds no environment capacity either.
 
 **Resume.** In-flight batches are not checkpointed: a resumed async run starts its
 producer at the checkpoint's step with the checkpoint's weights (batches first ..
@@ -62,7 +72,7 @@ import heapq
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
@@ -216,16 +226,16 @@ class AsyncBatches:
                 work.close()
 
 
-# --------------------------------------------------------------------------- environment
+# --------------------------------------------------------------------------- shared slots
 
 class PrioritySlots:
-    """The environment slots (`[rollout] env_workers`) shared by every batch in flight:
-    a freed slot goes to the waiting turn of the *oldest* batch (the lowest step), FIFO
-    within a batch. Why: with a plain shared semaphore the batch the trainer needs next
-    queues its second turns behind the next batch's first turns, both finish together
-    and the pipeline degenerates into batches twice as large; with priorities the
-    current batch finishes as fast as alone and younger batches fill the idle slots.
-    One limit for all batches: async mode adds no environment capacity, only overlap.
+    """`n` slots shared by every batch in flight (the environment's `env_workers`, or
+    the model's one): a freed slot goes to the waiter of the *oldest* batch (the lowest
+    step), FIFO within a batch. Why: with a plain shared semaphore the batch the trainer
+    needs next queues its second turns behind the next batch's first turns, both finish
+    together and the pipeline degenerates into batches twice as large; with priorities
+    the current batch finishes nearly as fast as alone and younger batches fill the
+    idle slots.
 
         slots = PrioritySlots(4)
         async with slots.lane(step):   # what rollout(env_slots=...) wraps each turn in
@@ -347,14 +357,17 @@ class ModelClock:
 
 
 class TimedPolicy:
-    """A policy whose generate calls count as the model's busy time."""
+    """A policy whose generate calls count as the model's busy time, each inside `lane`
+    (the model's turn, shared with the updates and the other batches' generation)."""
 
-    def __init__(self, inner: Policy, clock: ModelClock):
-        self.inner, self.clock = inner, clock
+    def __init__(self, inner: Policy, clock: ModelClock,
+                 lane: AbstractAsyncContextManager[Any] | None = None):
+        self.inner, self.clock, self.lane = inner, clock, lane
         self.tokenizer: Tokenizer = inner.tokenizer
 
     async def generate(self, prompts: list[list[int]], *, max_new_tokens: int,
                        temperature: float, stop: list[str] | None) -> list[Generation]:
-        with self.clock.busy():
-            return await self.inner.generate(prompts, max_new_tokens=max_new_tokens,
-                                             temperature=temperature, stop=stop)
+        async with self.lane or nullcontext():
+            with self.clock.busy():
+                return await self.inner.generate(prompts, max_new_tokens=max_new_tokens,
+                                                 temperature=temperature, stop=stop)

@@ -220,7 +220,10 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             params += list(head.parameters())
         opt = torch.optim.AdamW(params, lr=g.lr, weight_decay=0.0)
         if run.resume:
-            opt.load_state_dict(torch.load(os.path.join(ckpt.path, "optimizer.pt")))
+            # via the CPU: a checkpoint written on a GPU then loads anywhere, and
+            # load_state_dict moves the moments to the parameters' device
+            opt.load_state_dict(torch.load(os.path.join(ckpt.path, "optimizer.pt"),
+                                           map_location="cpu"))
 
         if not run.resume and config.eval.tasks:
             before = await evaluate_pass1(policy, config, pool)
@@ -239,14 +242,17 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         copies = WeightCopies(model, config.rollout.max_staleness + 1) \
             if asynchronous else None
 
-        # batches in flight judge within one env_workers limit, the oldest batch first
+        # Batches in flight share the environment's env_workers slots and the model (one
+        # generate call or update at a time), the oldest batch first (pipeline.py).
         env_slots = PrioritySlots(config.rollout.env_workers)
+        model_slots = PrioritySlots(1)
 
         def launch(step: int, version: int) -> Awaitable[RolloutBatch]:
             """Step `step`'s rollout, sampled by the live model (sync) or by a copy of
             its weights taken now (async; `version` is what the trainer published)."""
             def sample_with(sampler: HFPolicy) -> Awaitable[RolloutBatch]:
-                return rollout(TimedPolicy(sampler, clock), train_tasks(config, step),
+                return rollout(TimedPolicy(sampler, clock, model_slots.lane(step)),
+                               train_tasks(config, step),
                                group_size=g.group_size, pool=pool, config=agent,
                                env_slots=env_slots.lane(step))
             if copies is None:
@@ -294,9 +300,10 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                     # rewards -> advantages -> update epochs with gradient accumulation,
                     # in a worker thread: the event loop keeps driving the producer
                     t1 = time.monotonic()
-                    with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), \
-                            clock.busy():
-                        upd = await asyncio.to_thread(update, trajs)
+                    async with model_slots.lane(step):
+                        with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), \
+                                clock.busy():
+                            upd = await asyncio.to_thread(update, trajs)
                     t_update = time.monotonic() - t1
                 batches.publish(step + 1)  # async: launches batch step + 1 + K
 
