@@ -299,12 +299,12 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
                     # rewards -> advantages -> update epochs with gradient accumulation,
                     # in a worker thread: the event loop keeps driving the producer
-                    t1 = time.monotonic()
                     async with model_slots.lane(step):
+                        t1 = time.monotonic()
                         with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), \
                                 clock.busy():
                             upd = await asyncio.to_thread(update, trajs)
-                    t_update = time.monotonic() - t1
+                        t_update = time.monotonic() - t1
                 batches.publish(step + 1)  # async: launches batch step + 1 + K
 
                 # log
