@@ -23,7 +23,6 @@ be usable); grading reports it as outcome `infra` with reward null (excluded, ne
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import asdict
 from functools import cache
@@ -266,9 +265,9 @@ def _task_of(sub: SubmissionIn, field: str) -> Task:
         return task
     # The JSONL row parser of the task store gives inline tasks exactly the validation
     # (and error messages naming the field) that task files get.
-    from trialbox.store.tasks import _parse_row
+    from trialbox.store.tasks import parse_task
     try:
-        return _parse_row(json.dumps(sub.task), f"{field}task", "request")
+        return parse_task(sub.task or {}, f"{field}task", "request")
     except UsageError as e:
         raise FieldError(f"{field}task", str(e)) from None
 

@@ -116,7 +116,7 @@ def load_jsonl(path: str | Path, source: str | None = None) -> list[Task]:
                              "save the file as UTF-8") from None
         if not text.strip():
             continue
-        task = _parse_row(text, where, source if source is not None else name,
+        task = parse_task(text, where, source if source is not None else name,
                           Path(path).parent)
         if task.task_id in first_line:
             raise UsageError(f"{where}: field 'task_id': {task.task_id!r} already appears on "
@@ -159,12 +159,24 @@ def _read_bytes(path: Path) -> bytes:
                          f"decompressed ({e}); recompress it or give it uncompressed") from None
 
 
-def _parse_row(text: str, where: str, source: str, base: Path = Path(".")) -> Task:
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{where}: not valid JSON: {e.msg} (column {e.colno}); each line "
-                         "must be one JSON object") from None
+def parse_task(text: str | dict[str, Any], where: str = "task", source: str = "inline",
+               base: Path = Path(".")) -> Task:
+    """One task from a JSONL row (its text, or the decoded object), validated like a
+    task file's rows: a `UsageError` that starts with `where` and names the field.
+    `base` is where a repo row's relative file paths are read from.
+
+    >>> parse_task({"task_id": "t", "prompt": "def f():\\n", "entry_point": "f",
+    ...             "test": "def check(candidate):\\n    assert candidate() is None\\n"}).kind
+    <TaskKind.FUNCTION: 'function'>
+    """
+    if isinstance(text, dict):
+        row: Any = text
+    else:
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{where}: not valid JSON: {e.msg} (column {e.colno}); each "
+                             "line must be one JSON object") from None
     if not isinstance(row, dict):
         raise UsageError(f"{where}: expected a JSON object, got {_json_type(row)}; each line "
                          "must be one task object")
