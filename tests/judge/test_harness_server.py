@@ -91,3 +91,28 @@ def test_a_server_killed_mid_job_is_infra_and_retried(runner):
     assert g.outcome is Outcome.PASSED and g.attempts == 2, (g.outcome, g.message,
                                                              g.attempts)
     runner.assert_no_leaks()
+
+
+def test_a_job_that_takes_over_the_alarm_does_not_disarm_the_next_deadline(runner):
+    """Test code may install its own SIGALRM handler (here: ignore it); the server sets
+    its own again before every job, so a later hung job is still interrupted on its
+    deadline (ERROR, first attempt), not left to the judge's outer timeout (which stops
+    the server: an infrastructure failure, retried)."""
+    grab = task("import signal; signal.signal(signal.SIGALRM, signal.SIG_IGN)",
+                "assert candidate(1, 1) == 2")
+    hung = task("while True: pass")
+    config = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
+
+    async def body():
+        harness = await open_harness(runner.pool, config)
+        try:
+            g1 = await judge_function(grab, GOOD, runner.pool, config, harness)
+            g2 = await judge_function(hung, GOOD, runner.pool, config, harness)
+            return g1, g2
+        finally:
+            await harness.close()
+    g1, g2 = runner.run(body())
+    assert g1.outcome is Outcome.PASSED, g1.message
+    assert g2.outcome is Outcome.ERROR and "deadline" in g2.message, (g2.outcome, g2.message)
+    assert g2.attempts == 1, "the first server's alarm did not fire: the attempt was retried"
+    runner.assert_no_leaks()

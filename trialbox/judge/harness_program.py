@@ -255,6 +255,7 @@ def _serve_one(req, chan_fd):
     else:
         with open(req["job_file"]) as f:
             job = json.load(f)
+    signal.signal(signal.SIGALRM, _on_alarm)  # ours again, whatever the last job did
     signal.setitimer(signal.ITIMER_REAL, max(0.001, float(req["deadline"])))
     try:
         return run_job(job, req["nonce"], chan_fd), ""

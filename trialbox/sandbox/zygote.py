@@ -163,7 +163,11 @@ def serve(ctl):
         sys.exit(2)
     CONFIG.update(msg)
     if CONFIG.get("sched_batch"):  # inherited by every cell and candidate (pool.py)
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError as e:  # a scheduling preference, not isolation: go on without
+            sys.stderr.write("zygote: SCHED_BATCH refused (%s); running as SCHED_OTHER\n"
+                             % e)
     prog = bytes.fromhex(CONFIG["seccomp"])
     buf = ctypes.create_string_buffer(prog, len(prog))
     SECCOMP_PROG = (buf, SockFprog(len(prog) // 8, ctypes.addressof(buf)))
