@@ -47,10 +47,9 @@ the update share two `PrioritySlots`: the model's (one generate call or update a
 time) and the environment's (`env_workers` turns judged at once), both granted to the
 oldest batch first, so the batch the trainer needs next is not slowed by younger ones.
 The overlap async mode buys is between the model and the environment, not between two
-model computations: on one device those only compete (on the 2-core CPU machine,
-concurrent generate threads and update also fight over the GIL, which the small
-model's Python sampling loop holds most of the time, and starve the event loop that
-drives the judge). Async mode adds no environment capacity either.
+model computations: on one device those only compete (the first version let them run
+at once; the serialised one was no slower, within this 2-core machine's noise). Async
+mode adds no environment capacity either.
 
 **Resume.** In-flight batches are not checkpointed: a resumed async run starts its
 producer at the checkpoint's step with the checkpoint's weights (batches first ..
