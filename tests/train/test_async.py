@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import random
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from trialbox.errors import UsageError
 from trialbox.rollout.agent import RolloutBatch, RolloutStats
 from trialbox.train.config import GRPOConfig, RolloutMode, config_from_dict, with_changes
 from trialbox.train.losses import rewards_tensor
+from trialbox.train import pipeline
 from trialbox.train.model import load_model
 from trialbox.train.pipeline import (
     AsyncBatches,
@@ -225,10 +227,21 @@ def test_short_async_run_records_versions_keeps_the_bound_and_resumes(
         return real(model, opt, trajs, *a, **kw)
 
     monkeypatch.setattr(trainer_module, "policy_step", spy)
+    # the model does one thing at a time (one generate call or update: the model slot)
+    real_busy, most = pipeline.ModelClock.busy, [0]
+
+    @contextmanager
+    def busy(self):
+        with real_busy(self):
+            most[0] = max(most[0], self.inside)
+            yield
+
+    monkeypatch.setattr(pipeline.ModelClock, "busy", busy)
     out = str(tmp_path / "run")
     config = _config(out)
     result = runner.run(train(config, runner.pool), timeout=300)
     assert result.steps_done == 3 and not result.stopped
+    assert most == [1]
     steps = _steps(out)
     assert [x["policy_version"] for x in steps] == [0, 0, 1]
     assert [x["staleness"] for x in steps] == [0, 1, 1]
