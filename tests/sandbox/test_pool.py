@@ -234,19 +234,3 @@ def test_a_recycled_cell_carries_nothing_to_the_next_session():
     assert len(procs) <= 2, f"only the probe itself (and its pid) may be seen: {procs}"
     assert lines[4] == "files [] []", lines
 
-
-def test_sandboxes_run_under_sched_batch_unless_configured_otherwise():
-    """PoolConfig.batch_scheduling (default on): sandboxed processes are SCHED_BATCH,
-    so waking one never preempts the supervisor; off, they are ordinary processes."""
-    probe = ["python3", "-c", "import os; print(os.sched_getscheduler(0))"]
-
-    async def body(batch):
-        pool = await CellPool(PoolConfig(warm=1, max_warm=1,
-                                         batch_scheduling=batch)).start()
-        try:
-            async with await NamespaceSandbox.open(pool, FAST) as sb:
-                return (await sb.exec(probe)).stdout.decode().strip()
-        finally:
-            await pool.close()
-    assert asyncio.run(body(True)) == str(os.SCHED_BATCH)
-    assert asyncio.run(body(False)) == str(os.SCHED_OTHER)

@@ -78,12 +78,6 @@ class PoolConfig:
     sandbox of this pool at no cost, e.g. the judge's codec. Never anything secret."""
     default_limits: Limits = field(default_factory=Limits)
     """Limits cells are prepared with; a run with other limits rewrites them at start."""
-    batch_scheduling: bool = True
-    """Run the zygote, hence every cell and sandboxed process, under SCHED_BATCH: the
-    same CPU share as any process, but a sandbox woken by the supervisor (a run's
-    `go`, a reset, a judge's job) does not preempt it; on a busy machine the
-    supervisor, which every run passes through, otherwise lost the CPU at each such
-    wake-up."""
 
     def __post_init__(self) -> None:
         from trialbox.errors import UsageError
@@ -394,8 +388,7 @@ class CellPool:
         config = {"op": "config", "root": self.root, "ro_binds": ro_binds,
                   "dev_binds": dev_binds, "hostname": "sandbox",
                   "seccomp": build_filter().hex(), "preload": list(self.config.preload),
-                  "preload_sources": [list(x) for x in self.config.preload_sources],
-                  "sched_batch": self.config.batch_scheduling}
+                  "preload_sources": [list(x) for x in self.config.preload_sources]}
         import json
         parent.sendmsg([json.dumps(config).encode()])
         parent.settimeout(30)

@@ -162,12 +162,6 @@ def serve(ctl):
     if msg is None or msg.get("op") != "config":
         sys.exit(2)
     CONFIG.update(msg)
-    if CONFIG.get("sched_batch"):  # inherited by every cell and candidate (pool.py)
-        try:
-            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-        except OSError as e:  # a scheduling preference, not isolation: go on without
-            sys.stderr.write("zygote: SCHED_BATCH refused (%s); running as SCHED_OTHER\n"
-                             % e)
     prog = bytes.fromhex(CONFIG["seccomp"])
     buf = ctypes.create_string_buffer(prog, len(prog))
     SECCOMP_PROG = (buf, SockFprog(len(prog) // 8, ctypes.addressof(buf)))
