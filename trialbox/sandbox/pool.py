@@ -690,6 +690,10 @@ class CellPool:
         cgroup janitor and the unmounting thread done. For benchmarks, which must not
         time the refill of one measurement inside the next."""
         deadline = time.monotonic() + timeout
+        # Top up now: between the low-water mark and the target the pool does not
+        # refill by itself (_refill), and a settled pool is a full one.
+        self._refilling = True
+        self._refill()
         while ((len(self._ready) < self.config.warm or self._warming > 0)
                and time.monotonic() < deadline and not self.closed):
             await asyncio.sleep(0.0005)
