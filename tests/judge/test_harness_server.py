@@ -116,3 +116,42 @@ def test_a_job_that_takes_over_the_alarm_does_not_disarm_the_next_deadline(runne
     assert g2.outcome is Outcome.ERROR and "deadline" in g2.message, (g2.outcome, g2.message)
     assert g2.attempts == 1, "the first server's alarm did not fire: the attempt was retried"
     runner.assert_no_leaks()
+
+
+def test_answers_that_make_a_trusted_test_overrun_are_the_candidates_timeout(runner):
+    """The test's own work on the candidate's answer is quadratic; an answer within the
+    codec's limits (60,000 items) makes it overrun the job's deadline. The reference
+    solution passes the same test in time, so this is the candidate's TIMEOUT (reward
+    0), not a broken task (excluded): a policy must not escape its zero this way. The
+    reference itself is graded normally, and a task whose reference also overruns
+    stays a broken task (ERROR, excluded)."""
+    quadratic = Task("t/uniq", TaskKind.FUNCTION, "def ids(n):\n", entry_point="ids",
+                     canonical_solution="    return list(range(n))\n",
+                     hidden_tests=(TestCase("test_0", "r = candidate(3)\nassert all(r.count(x)"
+                                                      " == 1 for x in r)"),
+                                   TestCase("test_1", "assert candidate(2) == [0, 1]")))
+    flood = "    return list(range(60000))\n"
+    broken = Task("t/slow", TaskKind.FUNCTION, "def ids(n):\n", entry_point="ids",
+                  canonical_solution="    return list(range(n))\n",
+                  hidden_tests=(TestCase("test_0", "r = candidate(3)\nwhile r: pass"),))
+    config = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
+
+    async def body():
+        harness = await open_harness(runner.pool, config)
+        try:
+            g_flood = await judge_function(quadratic, flood, runner.pool, config, harness)
+            g_ref = await judge_function(quadratic, quadratic.canonical_solution,
+                                         runner.pool, config, harness)
+            g_broken = await judge_function(broken, "    return [1]\n", runner.pool, config,
+                                            harness)
+            return g_flood, g_ref, g_broken
+        finally:
+            await harness.close()
+    g_flood, g_ref, g_broken = runner.run(body())
+    assert g_flood.outcome is Outcome.TIMEOUT, (g_flood.outcome, g_flood.message)
+    assert "deadline" in g_flood.message and "reference" in g_flood.message
+    assert [t.passed for t in g_flood.tests] == [False, False]  # the rest is not run
+    assert g_ref.outcome is Outcome.PASSED, g_ref.message
+    assert g_broken.outcome is Outcome.ERROR and "deadline" in g_broken.message, \
+        (g_broken.outcome, g_broken.message)
+    runner.assert_no_leaks()

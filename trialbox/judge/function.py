@@ -232,6 +232,9 @@ class _HarnessServer:
             return None, f"the harness's report is unreadable: {e}", False
 
 
+_PAST_DEADLINE = "ran past the job's deadline"
+"""In a grade's message: the harness server's alarm stopped a test (harness_program)."""
+
 _INLINE_MAX = 60_000
 """Jobs up to this size travel in the request itself, larger ones as a workspace file."""
 
@@ -274,9 +277,23 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
     if not isinstance(completion, str):
         raise UsageError(f"{task.task_id}: the completion must be a str, got "
                          f"{type(completion).__name__}")
-    return await with_infra_retries(
+    grade = await with_infra_retries(
         lambda: _attempt(task, completion, pool, config, harness, reference or {}),
         config.retries, task.task_id)
+    if (grade.outcome is Outcome.ERROR and _PAST_DEADLINE in grade.message
+            and task.canonical_solution and completion != task.canonical_solution):
+        # A trusted test overran the job's deadline. Broken task (excluded) or the
+        # candidate's doing — answers, within the codec's limits, that make the test's
+        # own code slow? Exclusion would let a failing policy escape its zero, so the
+        # reference solution decides: if it passes every test in time, the overrun is
+        # the candidate's TIMEOUT. Rare, so its cost (one more judgement) is paid only here.
+        ref = await judge_function(task, task.canonical_solution, pool, config, harness,
+                                   reference)
+        if ref.passed:
+            grade = replace(grade, outcome=Outcome.TIMEOUT, message=(
+                f"{grade.message}; the reference solution passes every test in time, so "
+                "the candidate's answers made the trusted test overrun"))
+    return grade
 
 
 async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
@@ -392,6 +409,9 @@ def _grade(task: Task, tests: list[tuple[Any, bool]], nonce: str, rc: ExecResult
         TestResult(name=r["name"], passed=bool(r["passed"]), message=r["message"],
                    ms=float(r["ms"]), hidden=hidden)
         for r, (_t, hidden) in zip(report["results"], tests, strict=True))
+    if report.get("deadline"):  # provisional: judge_function asks the reference
+        return Grade(task.task_id, Outcome.ERROR, tests=results, message=(
+            f"test {report['deadline']} {_PAST_DEADLINE}"), **common)
     if results and all(r.passed for r in results):
         outcome, message = Outcome.PASSED, ""
     elif rc.status is ExecStatus.MEMORY:

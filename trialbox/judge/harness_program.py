@@ -109,6 +109,10 @@ class TestDataError(Exception):
     """The task's own test code is broken (not the candidate's fault)."""
 
 
+PAST_DEADLINE = "the test ran past the job's deadline"
+NOT_RUN = "not run: the job's deadline had passed"
+
+
 class JobDeadline(BaseException):
     """Raised by the server's alarm when a job runs past its deadline. A BaseException,
     and re-raised wherever run_job catches everything, so no test can swallow it."""
@@ -154,6 +158,10 @@ def run_job(job, nonce, channel_fd):
     namespace["candidate"] = proxy
     namespace[job["entry_point"]] = proxy  # tests may call the function by its own name
     for test in job["tests"]:
+        if out.get("deadline"):  # the job's time is up: the rest is not run
+            out["results"].append({"name": test["name"], "passed": False,
+                                   "message": NOT_RUN, "ms": 0.0})
+            continue
         # a per-test limit (scaled from the reference solution's time) when the judge
         # sent one, else the task-wide one
         chan.call_timeout = test.get("timeout") or job["call_timeout"]
@@ -178,7 +186,12 @@ def run_job(job, nonce, channel_fd):
                 passed, message = False, "test error: %s" % e
                 out["setup_error"] = out["setup_error"] or str(e)
             except JobDeadline:
-                raise
+                # The job's deadline passed inside this test: the test fails and the
+                # report names it. Whose fault that is — the candidate's answers made
+                # trusted code slow, or the task's test is broken — the judge decides
+                # by the reference solution (function.py, judge_function).
+                out["deadline"] = test["name"]
+                passed, message = False, PAST_DEADLINE
             except BaseException as e:  # e.g. a wrong type the test cannot compare
                 passed, message = False, "%s: %s" % (type(e).__name__, str(e)[:500])
         out["results"].append({"name": test["name"], "passed": passed,
