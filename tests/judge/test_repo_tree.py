@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 
 from trialbox.errors import UsageError
-from trialbox.judge.repo_tree import (
-    TreeError,
-    apply_patch,
-    candidate_tree,
-    clean_path,
-    expected_tests,
-)
+from trialbox.judge.repo_tree import candidate_tree, expected_tests
+from trialbox.store.patches import TreeError, apply_patch, clean_path
 from trialbox.types import Task, TaskKind
 
 BASE = {"a.py": b"one\ntwo\nthree\n"}

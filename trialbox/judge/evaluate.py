@@ -25,7 +25,8 @@ from typing import Any
 from trialbox.errors import UnknownLanguage, UsageError
 from trialbox.judge.function import JudgeConfig, judge_function, open_harness
 from trialbox.judge.repo import RepoJudgeConfig, judge_repo
-from trialbox.judge.repo_tree import TreeError, candidate_tree
+from trialbox.judge.repo_tree import candidate_tree
+from trialbox.store.patches import TreeError
 from trialbox.judge.reward import (
     RewardSpec,
     efficiency_score,

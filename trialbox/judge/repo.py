@@ -46,10 +46,10 @@ from trialbox.judge.anticheat import CHEAT_DETECTORS, Flag, canary_check, static
 from trialbox.judge.repo_tree import (
     REPO_CHEAT_FLAGS,
     CandidateTree,
-    TreeError,
     candidate_tree,
     expected_tests,
 )
+from trialbox.store.patches import TreeError
 from trialbox.judge.retry import with_infra_retries
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool

@@ -60,6 +60,7 @@ from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.store.checks import split_check
+from trialbox.store.patches import TreeError, apply_patch, clean_path
 from trialbox.types import Compare, Task, TaskKind, TestCase
 
 HUMANEVAL = "humaneval"
@@ -270,10 +271,6 @@ def _stdio_tests(row: dict[str, Any],
 
 def _repo_task(row: dict[str, Any], task_id: str, where: str, source: str,
                base: Path) -> Task:
-    # Imported here: the store is below the judge in most of its uses, and only repo
-    # rows need the judge's tree rules (paths, patches, which files are test modules).
-    from trialbox.judge.repo_tree import TreeError, apply_patch, clean_path
-
     unknown = sorted(set(row) - _REPO_KEYS)
     if unknown:
         raise UsageError(f"{where}: unknown field {unknown[0]!r} in a repo task; allowed: "
