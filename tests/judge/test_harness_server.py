@@ -22,6 +22,22 @@ def task(*tests: str, setup: str = "") -> Task:
                                    enumerate(tests)))
 
 
+SHORT = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
+"""Short call and load limits: a job's deadline comes within seconds."""
+
+
+def judge_in_turn(runner, config, *jobs):
+    """Grade (task, completion) pairs one after another on one harness server."""
+    async def body():
+        harness = await open_harness(runner.pool, config)
+        try:
+            return [await judge_function(t, c, runner.pool, config, harness)
+                    for t, c in jobs]
+        finally:
+            await harness.close()
+    return runner.run(body())
+
+
 def test_one_server_serves_many_jobs_and_jobs_do_not_share_state(runner):
     """Test code that changes module state in one job does not see it in the next: the
     server puts back module globals, sys.path, the recursion limit and the modules a
@@ -56,17 +72,7 @@ def test_a_hung_test_job_is_killed_and_the_server_goes_on(runner):
     the same server is graded normally."""
     hung = task("while True: pass")
     ok = task("assert candidate(1, 1) == 2")
-    config = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
-
-    async def body():
-        harness = await open_harness(runner.pool, config)
-        try:
-            g1 = await judge_function(hung, GOOD, runner.pool, config, harness)
-            g2 = await judge_function(ok, GOOD, runner.pool, config, harness)
-            return g1, g2
-        finally:
-            await harness.close()
-    g1, g2 = runner.run(body())
+    g1, g2 = judge_in_turn(runner, SHORT, (hung, GOOD), (ok, GOOD))
     assert g1.outcome is Outcome.ERROR and "deadline" in g1.message, g1.message
     assert g2.outcome is Outcome.PASSED, g2.message
     runner.assert_no_leaks()
@@ -101,17 +107,7 @@ def test_a_job_that_takes_over_the_alarm_does_not_disarm_the_next_deadline(runne
     grab = task("import signal; signal.signal(signal.SIGALRM, signal.SIG_IGN)",
                 "assert candidate(1, 1) == 2")
     hung = task("while True: pass")
-    config = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
-
-    async def body():
-        harness = await open_harness(runner.pool, config)
-        try:
-            g1 = await judge_function(grab, GOOD, runner.pool, config, harness)
-            g2 = await judge_function(hung, GOOD, runner.pool, config, harness)
-            return g1, g2
-        finally:
-            await harness.close()
-    g1, g2 = runner.run(body())
+    g1, g2 = judge_in_turn(runner, SHORT, (grab, GOOD), (hung, GOOD))
     assert g1.outcome is Outcome.PASSED, g1.message
     assert g2.outcome is Outcome.ERROR and "deadline" in g2.message, (g2.outcome, g2.message)
     assert g2.attempts == 1, "the first server's alarm did not fire: the attempt was retried"
@@ -134,20 +130,9 @@ def test_answers_that_make_a_trusted_test_overrun_are_the_candidates_timeout(run
     broken = Task("t/slow", TaskKind.FUNCTION, "def ids(n):\n", entry_point="ids",
                   canonical_solution="    return list(range(n))\n",
                   hidden_tests=(TestCase("test_0", "r = candidate(3)\nwhile r: pass"),))
-    config = FAST.__class__(**{**FAST.__dict__, "call_timeout_s": 0.5, "load_timeout_s": 0.5})
-
-    async def body():
-        harness = await open_harness(runner.pool, config)
-        try:
-            g_flood = await judge_function(quadratic, flood, runner.pool, config, harness)
-            g_ref = await judge_function(quadratic, quadratic.canonical_solution,
-                                         runner.pool, config, harness)
-            g_broken = await judge_function(broken, "    return [1]\n", runner.pool, config,
-                                            harness)
-            return g_flood, g_ref, g_broken
-        finally:
-            await harness.close()
-    g_flood, g_ref, g_broken = runner.run(body())
+    g_flood, g_ref, g_broken = judge_in_turn(
+        runner, SHORT, (quadratic, flood), (quadratic, quadratic.canonical_solution),
+        (broken, "    return [1]\n"))
     assert g_flood.outcome is Outcome.TIMEOUT, (g_flood.outcome, g_flood.message)
     assert "deadline" in g_flood.message and "reference" in g_flood.message
     assert [t.passed for t in g_flood.tests] == [False, False]  # the rest is not run
