@@ -140,3 +140,58 @@ def test_answers_that_make_a_trusted_test_overrun_are_the_candidates_timeout(run
     assert g_broken.outcome is Outcome.ERROR and "deadline" in g_broken.message, \
         (g_broken.outcome, g_broken.message)
     runner.assert_no_leaks()
+
+
+def _harness_module():
+    """harness_program as the sandbox loads it (it imports the codec as
+    `_trialbox_codec`), here in the test's own interpreter."""
+    import importlib
+    import sys
+
+    from trialbox.judge import codec
+    sys.modules.setdefault("_trialbox_codec", codec)
+    return importlib.import_module("trialbox.judge.harness_program")
+
+
+def test_restore_puts_back_what_a_job_changed_with_and_without_version_tags(monkeypatch):
+    """_Baseline.restore skips module dicts whose version tag has not moved; a rebind
+    (same key, another object), an added and a deleted global, an imported module and a
+    replaced sys.modules entry are all put back — and the same without version tags (the
+    fallback that compares every module)."""
+    import sys
+    import types
+
+    hp = _harness_module()
+    for with_tags in (True, False):
+        if not with_tags:
+            monkeypatch.setattr(hp, "_dict_versions", lambda: None)
+        mod = types.ModuleType("_tb_restore_probe")
+        mod.x, mod.gone = 1, "here"
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+        baseline = hp._Baseline()
+        assert bool(baseline.versions) is with_tags
+        for _ in range(3):  # every job starts from the baseline, not from the last job
+            mod.x = 2  # rebound: the key set is unchanged
+            mod.added = True
+            del mod.gone
+            sys.modules["_tb_restore_new"] = types.ModuleType("_tb_restore_new")
+            sys.modules[mod.__name__] = types.ModuleType("impostor")
+            baseline.restore()
+            assert sys.modules[mod.__name__] is mod
+            assert "_tb_restore_new" not in sys.modules
+            assert (mod.x, mod.gone, hasattr(mod, "added")) == (1, "here", False)
+        baseline.restore()  # nothing changed: nothing to put back
+        assert (mod.x, mod.gone) == (1, "here")
+
+
+def test_dict_version_tags_are_read_where_the_sandbox_runtime_has_them():
+    """The sandbox's interpreter (CPython 3.11 here) has PEP 509 version tags, so the
+    server's restore takes the fast path; a tag moves on every change of its dict."""
+    hp = _harness_module()
+    reader = hp._dict_versions()
+    assert reader is not None
+    d = {"k": 1}
+    view = reader(d)
+    before = view.value
+    d["k"] = 2
+    assert view.value != before

@@ -222,13 +222,47 @@ def _on_alarm(_signum, _frame):
     raise JobDeadline
 
 
+def _dict_versions():
+    """A reader of a dict's version tag, or None where this interpreter has none.
+
+    CPython (3.6-3.13) gives every dict a 64-bit version (PEP 509, `ma_version_tag`,
+    right after `ma_used`) that changes whenever the dict changes — an item added,
+    removed or rebound to another object. Reading it tells `_Baseline.restore` which
+    module dicts a job touched, so it compares only those instead of every global of
+    every loaded module (~5,400 entries here: ~0.1 ms warm, ~0.5 ms between jobs, with
+    the caches cold). The layout is checked here on a dict of our own; anything
+    unexpected and the restore compares everything, as before."""
+    if sys.implementation.name != "cpython" or not (3, 6) <= sys.version_info[:2] <= (3, 13):
+        return None
+    try:
+        import ctypes
+        offset = 2 * ctypes.sizeof(ctypes.c_void_p) + ctypes.sizeof(ctypes.c_ssize_t)
+
+        def reader(d):
+            return ctypes.c_uint64.from_address(id(d) + offset)
+
+        probe = {}
+        seen = [reader(probe).value]
+        for change in (lambda: probe.__setitem__("k", 1), lambda: probe.__setitem__("k", 2),
+                       lambda: probe.__delitem__("k"), lambda: probe.update(k=3),
+                       lambda: probe.clear()):
+            change()
+            seen.append(reader(probe).value)
+        if len(set(seen)) != len(seen):
+            return None
+        return reader
+    except Exception:
+        return None
+
+
 class _Baseline:
     """What a job may change in this process and must not leave to the next one: the
     globals of every loaded module (restored shallowly: rebinding `json.x` is undone,
     mutating an object json.x refers to is not), modules a job imported (forgotten, so
     the next job imports them afresh), sys.path, the recursion limit, warning filters,
     and the random module's state (reseeded, so tests that draw without a seed see the
-    same draws in every job)."""
+    same draws in every job). Dicts whose version tag (`_dict_versions`) has not moved
+    since the last restore are unchanged and skipped."""
 
     def __init__(self):
         self.modules = dict(sys.modules)
@@ -239,17 +273,37 @@ class _Baseline:
         import warnings
         self.warnings = warnings
         self.filters = list(warnings.filters)
+        reader = _dict_versions()
+        # name -> (version view, version when last known equal to the baseline)
+        self.versions = {}
+        if reader is not None:
+            self.versions = {name: reader(self.modules[name].__dict__)
+                             for name in self.globals}
+            self.versions[None] = reader(sys.modules)
+        self.seen = {name: view.value for name, view in self.versions.items()}
+
+    def _unchanged(self, name):
+        view = self.versions.get(name)
+        return view is not None and view.value == self.seen[name]
+
+    def _mark(self, name):
+        view = self.versions.get(name)
+        if view is not None:
+            self.seen[name] = view.value
 
     def restore(self):
         import random
-        for name in [n for n in sys.modules if n not in self.modules]:
-            del sys.modules[name]
-        for name, module in self.modules.items():
-            sys.modules[name] = module
-            saved = self.globals.get(name)
-            if saved is None:
+        if not self._unchanged(None):
+            for name in [n for n in sys.modules if n not in self.modules]:
+                del sys.modules[name]
+            for name, module in self.modules.items():
+                if sys.modules.get(name, _MISSING) is not module:
+                    sys.modules[name] = module
+            self._mark(None)
+        for name, saved in self.globals.items():
+            if self._unchanged(name):
                 continue
-            now = module.__dict__
+            now = self.modules[name].__dict__
             try:
                 same = now == saved  # identical values compare equal without __eq__
             except Exception:
@@ -260,6 +314,7 @@ class _Baseline:
                 for key, value in saved.items():
                     if now.get(key, _MISSING) is not value:
                         now[key] = value
+            self._mark(name)
         sys.path[:] = self.path
         sys.setrecursionlimit(self.recursion)
         self.warnings.filters[:] = self.filters
