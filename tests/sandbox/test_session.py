@@ -177,6 +177,35 @@ def test_run_limits_apply_to_that_run_only(runner):
     assert (again.status, again.stdout) == (ExecStatus.OK, b"allocated\n"), describe(again)
 
 
+def test_a_runs_environment_is_exactly_its_own(runner):
+    """The usual environment is the zygote's already (a run that asks for nothing else
+    inherits it); a run with its own variables sees exactly those plus the base ones,
+    in os.environ and in the C library's environment, and the next run does not."""
+    from trialbox.sandbox.pool import BASE_ENV
+    show = ("import json, os, ctypes\n"
+            "libc = ctypes.CDLL(None); libc.getenv.restype = ctypes.c_char_p\n"
+            "print(json.dumps([dict(os.environ), libc.getenv(b'EXTRA')"
+            " and libc.getenv(b'EXTRA').decode()]))")
+
+    async def body():
+        async with await _open(runner) as sb:
+            await sb.write_file("show.py", show.encode())
+            plain = await sb.exec(["python3", "show.py"])
+            own = await sb.exec(["python3", "show.py"], env={"EXTRA": "1", "HOME": "/tmp"})
+            again = await sb.exec(["python3", "show.py"])
+            exe = await sb.exec(["/usr/bin/env"], env={"EXTRA": "2"})
+            return plain, own, again, exe
+    plain, own, again, exe = runner.run(body())
+    import json
+    for r in (plain, own, again, exe):
+        assert r.status is ExecStatus.OK, describe(r)
+    assert json.loads(plain.stdout) == [BASE_ENV, None]
+    assert json.loads(own.stdout) == [{**BASE_ENV, "EXTRA": "1", "HOME": "/tmp"}, "1"]
+    assert json.loads(again.stdout) == [BASE_ENV, None]
+    assert sorted(exe.stdout.decode().splitlines()) == sorted(
+        f"{k}={v}" for k, v in {**BASE_ENV, "EXTRA": "2"}.items())
+
+
 # ------------------------------------------------------------------ between sessions
 
 

@@ -24,14 +24,10 @@ from collections.abc import Mapping, Sequence
 
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
-from trialbox.sandbox.pool import MOUNT_TARGETS, Cell, CellPool, FdReader
+from trialbox.sandbox.pool import BASE_ENV, MOUNT_TARGETS, Cell, CellPool, FdReader
 from trialbox.telemetry import traced_acquire, traced_exec
 from trialbox.types import ExecResult, ExecStatus, Limits
 
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp", "USER": "sandbox", "LOGNAME": "sandbox",
-            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 SESSION_DIRS = ["work", "tmp", "shm"]
 SIGNALS_OF_TIMEOUT = (24,)  # SIGXCPU: RLIMIT_CPU ran out
 DISK_SLACK = 64 * 1024

@@ -44,6 +44,12 @@ log = logging.getLogger("trialbox.sandbox.pool")
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 MOUNT_TARGETS = ["/workspace", "/tmp", "/dev/shm"]
 """Where a session's work/, tmp/ and shm/ appear inside its cell."""
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp", "USER": "sandbox", "LOGNAME": "sandbox",
+            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+"""A run's environment unless it adds its own; the zygote holds it already (a run
+that asks for exactly this environment does not rebuild it)."""
 
 
 @dataclass(frozen=True)
@@ -388,6 +394,7 @@ class CellPool:
         config = {"op": "config", "root": self.root, "ro_binds": ro_binds,
                   "dev_binds": dev_binds, "hostname": "sandbox",
                   "seccomp": build_filter().hex(), "preload": list(self.config.preload),
+                  "env": BASE_ENV,
                   "preload_sources": [list(x) for x in self.config.preload_sources]}
         import json
         parent.sendmsg([json.dumps(config).encode()])
