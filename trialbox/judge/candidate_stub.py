@@ -12,6 +12,9 @@ data by the harness and compared there — so tampering can make tests fail, nev
 Standalone: imports nothing from trialbox (it is copied into the sandbox).
 """
 
+import base64
+import json
+import math
 import os
 import struct
 import sys
@@ -21,6 +24,9 @@ import _trialbox_codec as codec  # preloaded in a judge pool, else the copy besi
 
 CHANNEL = 3
 MAX_FRAME = 16 << 20
+SHORT_STR = 1 << 16  # answers up to this many characters take the shortcut in `_frame`
+_SAFE_INT = 2**53  # codec.encode writes ints beyond +-2**53 in hex, tagged
+_dumps = json.JSONEncoder().encode  # as codec.encode writes None, bools and str
 
 
 def _read_exact(n):
@@ -34,6 +40,40 @@ def _read_exact(n):
     return b"".join(chunks)
 
 
+def _build(j):
+    """The value codec.encode wrote as the JSON `j` (objects read as pairs)."""
+    t = type(j)
+    if t is list:
+        return [_build(x) for x in j]
+    if t is not tuple:
+        return j  # None, bool, int, float, str stand for themselves
+    tag, v = j[0][1], j[1][1]  # {"t": tag, "v": payload}
+    if tag == "tuple":
+        return tuple([_build(x) for x in v])
+    if tag == "int":
+        return int(v, 16)
+    if tag == "float":
+        return float(v)
+    if tag == "bytes":
+        return base64.b64decode(v)
+    if tag == "dict":
+        return {_build(k): _build(x) for k, x in v}
+    if tag == "set":
+        return {_build(x) for x in v}
+    if tag == "frozenset":
+        return frozenset([_build(x) for x in v])
+    raise ValueError("unknown tag %r" % (tag,))
+
+
+def load(data):
+    """codec.decode for what the trusted harness sent: the same values, built in the same
+    order, without decode's checks (canonical form, limits, hash flooding). They guard
+    the judge against a hostile sender; here the sender is the judge, and this process
+    is the candidate's anyway — it could rewrite any check. A third of the candidate's
+    CPU per call went to them."""
+    return _build(json.loads(data, object_pairs_hook=tuple))
+
+
 def recv():
     head = _read_exact(4)
     if head is None:
@@ -42,11 +82,29 @@ def recv():
     if n > MAX_FRAME:
         return None
     body = _read_exact(n)
-    return None if body is None else codec.decode(body)
+    return None if body is None else load(body)
+
+
+def _frame(obj):
+    """codec.encode(obj) — byte for byte — for an answer [id, kind, value] whose value is
+    None, a bool, a short str, an int within +-2**53 or a finite float, without the
+    encoder's general walk; anything else goes through codec.encode."""
+    if type(obj) is list and len(obj) == 3 and type(obj[0]) is int \
+            and -_SAFE_INT <= obj[0] <= _SAFE_INT and type(obj[1]) is str:
+        v, t = obj[2], type(obj[2])
+        if v is None or t is bool or t is str and len(v) <= SHORT_STR:
+            text = _dumps(v)
+        elif t is int and -_SAFE_INT <= v <= _SAFE_INT or t is float and math.isfinite(v):
+            text = repr(v)
+        else:
+            text = None
+        if text is not None:
+            return ("[%d,%s,%s]" % (obj[0], _dumps(obj[1]), text)).encode("ascii")
+    return codec.encode(obj)
 
 
 def send(obj):
-    data = codec.encode(obj)
+    data = _frame(obj)
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
         view = view[os.write(CHANNEL, view):]

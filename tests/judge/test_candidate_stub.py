@@ -1,0 +1,62 @@
+"""The candidate stub's shortcuts around the codec: `load` builds exactly the values
+codec.decode would from what the harness sends, and `_frame` writes exactly the bytes
+codec.encode would for an answer — or the harness's strict decode would refuse it and
+a correct solution would fail."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.judge.test_codec import EDGE_FLOATS, EDGE_INTS, plain_values, same
+from trialbox.judge import codec
+
+
+@pytest.fixture(scope="module")
+def stub():
+    sys.modules.setdefault("_trialbox_codec", codec)  # as the sandbox names it
+    return importlib.import_module("trialbox.judge.candidate_stub")
+
+
+@settings(max_examples=400, deadline=None)
+@given(plain_values)
+def test_load_builds_what_decode_builds(stub, value):
+    data = codec.encode([7, [value, value]])
+    got, want = stub.load(data), codec.decode(data)
+    assert same(got, want) and same(got[1][0], value)
+    if "nan" not in repr(want):  # hash(nan) is its address: no order to compare
+        assert repr(got) == repr(want)  # built in the same order: same iteration order
+
+
+SCALARS = [None, True, False, "", "ok", "é ü ∑ 😀", "\ud800", "\x00\"\\/\n", "x" * 70_000,
+           *EDGE_INTS, *EDGE_FLOATS, 10**30, -(10**30), 1e16, 1e-7, 0.1]
+
+
+@pytest.mark.parametrize("value", SCALARS, ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize("kind", ["ok", "raised", "bad_return", "é"])
+def test_frame_writes_the_codecs_bytes_for_scalar_answers(stub, value, kind):
+    for call_id in (0, 1, 12345, 2**53, 2**53 + 1, -3):
+        assert stub._frame([call_id, kind, value]) == codec.encode([call_id, kind, value])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**60), plain_values)
+def test_frame_writes_the_codecs_bytes_for_any_answer(stub, call_id, value):
+    assert stub._frame([call_id, "ok", value]) == codec.encode([call_id, "ok", value])
+
+
+def test_frame_refuses_what_the_codec_refuses(stub):
+    class Sneaky(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+    for bad in (Sneaky("x"), object(), [1, object()]):
+        with pytest.raises(codec.CodecError):
+            stub._frame([1, "ok", bad])
+    assert math.isnan(stub.load(codec.encode(float("nan"))))
