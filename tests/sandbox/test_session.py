@@ -470,6 +470,31 @@ def test_pass_fds_gives_the_program_a_channel_while_it_runs(runner):
     runner.assert_no_leaks()
 
 
+def test_a_first_run_gets_every_passed_fd_and_its_workspace(runner):
+    """The session's first run carries its workspace trees in the same message as its
+    fds: with the most fds a run may pass (targets 3..63), every one arrives where it
+    was asked for, and the workspace is attached."""
+    targets = list(range(3, 64))
+
+    async def body():
+        pipes = {t: os.pipe() for t in targets}
+        async with await NamespaceSandbox.open(runner.pool, limits(open_files=128)) as sb:
+            await sb.write_file("mark", b"here")
+            r = await sb.exec(
+                ["python3", "-c", "import os, sys\n"
+                 "for t in range(3, 64): os.write(t, b'%d' % t)\n"
+                 "print(open('/workspace/mark').read())"],
+                pass_fds={t: w for t, (_r, w) in pipes.items()})
+        got = {t: os.read(rd, 10) for t, (rd, _w) in pipes.items()}
+        for rd, _w in pipes.values():
+            os.close(rd)
+        return r, got
+    r, got = runner.run(body())
+    assert r.status is ExecStatus.OK and r.stdout == b"here\n", describe(r)
+    assert got == {t: b"%d" % t for t in targets}
+    runner.assert_no_leaks()
+
+
 def test_close_stops_a_run_in_flight(runner):
     async def body():
         sb = await NamespaceSandbox.open(runner.pool, limits(wall_s=30))

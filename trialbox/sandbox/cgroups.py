@@ -78,6 +78,7 @@ class CellFiles:
             self.close()
             raise
         self.base = CellStats(0, 0, 0)
+        self.written: dict[str, str] = {}  # limit file -> the value last written to it
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -86,6 +87,15 @@ class CellFiles:
 
     def _write(self, name: str, value: str) -> None:
         os.pwrite(self.fds[name], value.encode(), 0)
+
+    def _limit(self, name: str, value: str) -> None:
+        """Write a limit unless it holds that value already (a cell keeps its cgroup from
+        session to session, and most runs ask for the limits the last one had); nobody
+        else writes these files."""
+        if self.written.get(name) != value:
+            self.written.pop(name, None)  # unknown if the write fails
+            self._write(name, value)
+            self.written[name] = value
 
     def snapshot(self) -> CellStats:
         if self.version == 1:
@@ -102,14 +112,14 @@ class CellFiles:
         usage = _pread_int(self.fds["usage"])
         mem = limits.memory_bytes + usage
         if self.version == 1:
-            self._write("mem_limit", str(mem))
-            self._write("pids_limit", str(limits.pids))
-            self._write("cpu_limit", str(int(limits.cpus * CFS_PERIOD_US)))
+            self._limit("mem_limit", str(mem))
+            self._limit("pids_limit", str(limits.pids))
+            self._limit("cpu_limit", str(int(limits.cpus * CFS_PERIOD_US)))
             self._write("peak", "0")  # v1: resets max_usage to the current usage
         else:
-            self._write("mem_limit", str(mem))
-            self._write("pids_limit", str(limits.pids))
-            self._write("cpu_limit", f"{int(limits.cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
+            self._limit("mem_limit", str(mem))
+            self._limit("pids_limit", str(limits.pids))
+            self._limit("cpu_limit", f"{int(limits.cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
             if "peak" in self.fds:
                 try:
                     self._write("peak", "reset")  # 6.12+: a per-fd peak reset

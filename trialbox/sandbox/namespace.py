@@ -209,7 +209,10 @@ class NamespaceSandbox:
 
     @traced_acquire  # span sandbox.acquire when tracing is on (telemetry)
     async def _cell(self) -> Cell:
-        """The session's cell: taken from the pool at the first run, workspace attached.
+        """The session's cell: taken from the pool at the first run, with clones of the
+        workspace's trees (open_tree) that the first run's `go` carries to the cell's
+        init, which attaches them before it starts the program (one message, one wakeup
+        of the init, instead of an `open` and a `go`).
 
         A warm cell can die unnoticed (its zygote was killed): then try another.
         """
@@ -222,18 +225,19 @@ class NamespaceSandbox:
             try:
                 for path in self.mount_sources:
                     trees.append(mounts.open_tree_clone(path))
-                cell.send({"op": "open", "mounts": MOUNT_TARGETS}, trees)
             except OSError:
+                for fd in trees:
+                    os.close(fd)
                 self.pool.done_with(cell)
                 if attempt == 2:
                     raise
                 continue
             except BaseException:
-                self.pool.done_with(cell)
-                raise
-            finally:
                 for fd in trees:
                     os.close(fd)
+                self.pool.done_with(cell)
+                raise
+            cell.trees = trees
             self.cell = cell
             return cell
         raise AssertionError("unreachable")
@@ -448,8 +452,11 @@ class _Run:
         self.readers = [FdReader(self.loop, out_r, cap, self._on_output),
                         FdReader(self.loop, err_r, cap, self._on_output)]
         self.t_go = time.monotonic()
+        spec, trees = self.spec, cell.trees
+        if trees:  # the session's first run in this cell: attach its workspace first
+            spec = {**spec, "mounts": MOUNT_TARGETS}
         try:
-            cell.send(self.spec, fds + self.passed)
+            cell.send(spec, fds + self.passed + trees)
         except (OSError, SandboxStartError) as e:
             self.kill_reason, self.kill_message = ExecStatus.INFRA, f"could not start: {e}"
             cell.kill()
@@ -459,8 +466,9 @@ class _Run:
                 _close_quietly(fd)
             self.passed.clear()
         finally:
-            for fd in fds:
+            for fd in fds + trees:
                 os.close(fd)
+            cell.trees = []  # sent, or the cell is broken and dropped with them
         self._cpu_timer = self.loop.call_later(CPU_POLL_S, self._check_cpu)
         try:
             # The run is over when the cell reported the exit (every process of the run

@@ -247,6 +247,9 @@ class Cell:
         self.on_status: Callable[[Cell], None] | None = None
         self.error = ""
         self.idle_since = 0.0  # when it last went into the ready set (pool trimming)
+        self.trees: list[int] = []
+        """Clones of a session's workspace trees, for the init to attach on the next
+        `go` (namespace.py); sent with it, or closed when the cell is handed back."""
 
     def _status_data(self, reader: FdReader) -> None:
         if not self.ready.done():
@@ -630,6 +633,9 @@ class CellPool:
         namespaces — and goes back to the warm set: far cheaper than a new cell.
         Otherwise it is destroyed. Either way the pool is kept at its target."""
         self._in_use -= 1
+        for fd in cell.trees:  # never attached: the reset has nothing of them to undo
+            os.close(fd)
+        cell.trees = []
         if (recycle and cell.alive and not cell.net and not self.closed
                 and cell.uses < self.config.max_cell_sessions):
             try:

@@ -12,9 +12,9 @@ built, prepared before anyone asks for it, and alive until the session closes:
     zygote (root, host namespaces)
       └─ B  pid 1 of a new pid namespace (forked straight into it): unshares mount/ipc/
           │  uts/net namespaces, builds the read-only root (binds of the declared
-          │  runtime, /dev nodes, /proc) and pivots into it. On `open` it attaches the
-          │  session's workspace, /tmp and /dev/shm (detached mount trees the supervisor
-          │  cloned with open_tree). It forwards each `go` to the waiting C, obeys
+          │  runtime, /dev nodes, /proc) and pivots into it. With a session's first `go`
+          │  it attaches the session's workspace, /tmp and /dev/shm (detached mount trees
+          │  the supervisor cloned with open_tree). It forwards each `go` to the waiting C, obeys
           │  `stop`, and when C exits kills every other process of the namespace
           │  (kill(-1) from pid 1), reaps, reports C's status, forks the next C.
           └─ C  the next candidate, forked ahead of time: joins the cell's cgroups and
@@ -80,7 +80,7 @@ SECCOMP_MODE_FILTER = 2
 SYS_PIVOT_ROOT, SYS_CAPSET, SYS_MOVE_MOUNT = 155, 126, 429
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 AT_FDCWD = -100
-MAX_FDS = 16
+MAX_FDS = 3 + 61 + 3  # stdio, pass_fds targets 3..63, a session's three mount trees
 INNER_UID = 1000
 NEXT_RUN_GRACE_S = 0.01
 
@@ -395,11 +395,12 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     """B: pid 1 of one session's namespaces, alive as long as the session.
 
     B keeps the next candidate C forked and waiting on a private socket. Messages on the
-    session socket, in order: `open` (+ the workspace, /tmp, /dev/shm trees, attached
-    here once), then per run `go` (+ stdin/stdout/stderr), forwarded to the waiting C,
-    and `stop` (kill the run). When C exits B kills every other process in the namespace
-    (kill(-1) from pid 1 spares only B), reaps them all, reports `X` + C's wait status,
-    and forks the next C. EOF on the session socket ends the session: B exits, and with
+    session socket: per run `go` (+ stdin/stdout/stderr and the run's passed fds; the
+    session's first run also carries the workspace, /tmp and /dev/shm trees, attached
+    here before anything runs), forwarded to the waiting C, and `stop` (kill the run);
+    `reset` when the session closed. When C exits B kills every other process in the
+    namespace (kill(-1) from pid 1 spares only B), reaps them all, reports `X` + C's wait
+    status, and forks the next C. EOF on the session socket ends the session: B exits, and with
     pid 1 gone the kernel tears the namespaces down.
     """
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -421,11 +422,18 @@ def cell_init(msg, status_w, go_fd, cg_fds):
             break
         msg = json.loads(raw)
         op = msg.get("op")
-        if op == "open":
-            for fd, target in zip(fds, msg["mounts"], strict=False):
-                _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, target.encode(),
-                                    MOVE_MOUNT_F_EMPTY_PATH), "move_mount " + target)
-        elif op == "go":
+        if op == "go":
+            targets = msg.get("mounts")
+            if targets:  # a new session's first run: attach its workspace trees first
+                trees, fds = fds[len(fds) - len(targets):], fds[:len(fds) - len(targets)]
+                try:
+                    for fd, target in zip(trees, targets, strict=True):
+                        _check(libc.syscall(SYS_MOVE_MOUNT, fd, b"", AT_FDCWD,
+                                            target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+                               "move_mount " + target)
+                finally:
+                    for fd in trees:
+                        os.close(fd)
             if child is None:
                 child = spawn_candidate(status_w, cg_fds, first=False)
             pid, pidfd, chan = child
