@@ -87,13 +87,14 @@ def report(policy: HFPolicy, tag: str, t0: float, n: int) -> None:
 
 
 def start_model(a: argparse.Namespace) -> tuple[Any, ByteTokenizer]:
-    path = os.path.join(a.cache, f"sft{a.sft}_{a.layers}x{a.embd}_seed{a.seed}")
+    path = os.path.join(a.cache, f"sft{a.sft}_{a.layers}x{a.embd}_seed{a.seed}"
+                        f"_teacher{a.teacher_error}")
     if os.path.isdir(path):
         return load_model(path)
     tok = ByteTokenizer()
     model = build_model(ModelConfig(n_layer=a.layers, n_embd=a.embd), tok, seed=a.seed)
     pairs = D.sft_pairs(D.make_tasks(D.Split.TRAIN, max(2000, a.sft * 32), a.seed), a.seed,
-                        retry_share=0.0)
+                        retry_share=0.0, teacher_error=a.teacher_error)
     sft(model, tok, pairs, SFTConfig(steps=a.sft, seed=a.seed))
     save_model(model, tok, path)
     return model, tok
@@ -112,6 +113,8 @@ def main() -> None:
     ap.add_argument("--positive-only", action="store_true",
                     help="clamp advantages at 0 (self-imitation of the passing samples)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--teacher-error", type=float, default=0.0,
+                    help="the SFT teacher's bug rate (demo_tasks.TEACHER_BUGS)")
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--embd", type=int, default=128)

@@ -17,6 +17,8 @@ def test_training_demo_smoke_run(tmp_path):
     assert "held-out pass@1 before" in p.stdout and "held-out pass@1 after" in p.stdout
     assert "GRPO step   2/2" in p.stdout and "episodes/s" in p.stdout
     assert "generation" in p.stdout and "sandboxes" in p.stdout
+    assert "by template (passed/graded" in p.stdout
+    assert "answers that are exactly the teacher's bug:" in p.stdout
     png = out / "reward_curve.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(png) in p.stdout

@@ -1,5 +1,9 @@
 """The demo task family: deterministic, a real held-out split, tasks the real judge
-grades as intended (reference passes, a near miss fails), no hidden test in a prompt."""
+grades as intended (reference passes, a near miss fails, the teacher's bugs fail), no
+hidden test in a prompt."""
+
+import random
+import re
 
 import subprocess
 import sys
@@ -7,16 +11,16 @@ import sys
 from trialbox.judge.function import judge_function
 from trialbox.rollout.agent import feedback_report
 from trialbox.train.demo_tasks import (
-    _INT_TEMPLATES,
-    _STR_TEMPLATES,
     FEEDBACK,
+    TEACHER_BUGS,
     Split,
     all_programs,
     make_tasks,
-    programs,
     render_feedback,
     render_prompt,
     sft_pairs,
+    split_of,
+    teacher_answer,
 )
 from trialbox.types import Outcome
 
@@ -34,23 +38,22 @@ def test_same_seed_same_tasks_in_every_process():
     assert make_tasks(Split.TRAIN, 5, 1) != make_tasks(Split.TRAIN, 5, 2)
 
 
-def test_heldout_programs_with_constants_are_never_trained_on():
-    train = {(p.expr, p.arg) for p in programs(Split.TRAIN)}
-    held = {(p.expr, p.arg) for p in programs(Split.HELDOUT)}
-    both = train & held
-    assert len(held - both) >= 20          # unseen programs exist
-    # what both splits share is exactly the templates without a constant
-    constant_free = {(t, "int") for t, r in _INT_TEMPLATES if not r} | \
-        {(t, "str") for t, r in _STR_TEMPLATES if not r}
-    assert both == constant_free
-    assert len(all_programs()) == len(train | held)
-    seen = {t.canonical_solution.strip() for t in make_tasks(Split.TRAIN, 3000, 0)}
-    fresh = [t for t in make_tasks(Split.HELDOUT, 200, 12345)
-             if (t.canonical_solution.strip(), "int") not in constant_free
-             and (t.canonical_solution.strip(), "str") not in constant_free]
-    assert len(fresh) > 50
-    for t in fresh:
-        assert t.canonical_solution.strip() not in seen
+def test_heldout_prompts_are_never_trained_on():
+    train = make_tasks(Split.TRAIN, 3000, 0)
+    held = make_tasks(Split.HELDOUT, 200, 12345)
+    assert all(split_of(t.prompt) is Split.TRAIN for t in train)
+    assert all(split_of(t.prompt) is Split.HELDOUT for t in held)
+    assert not {t.prompt for t in train} & {t.prompt for t in held}
+    # every template is in both splits (a split by program taught a spurious rule)
+    def templates(exprs):
+        return {re.sub(r"\d+|'[a-z]'", "#", e.strip()) for e in exprs}
+    held_templates = templates(t.canonical_solution for t in held)
+    assert held_templates == templates(t.canonical_solution for t in train)
+    assert held_templates == templates(p.expr for p in all_programs())
+    # ~1/4 of the prompts are held out
+    shares = [split_of(f"def f(x):\n    # f({i}) == {i}\n    return ") is Split.HELDOUT
+              for i in range(4000)]
+    assert 0.2 < sum(shares) / len(shares) < 0.3
 
 
 def test_prompts_show_only_the_visible_examples():
@@ -102,3 +105,28 @@ def test_sft_pairs_include_second_turns_whose_first_answer_is_wrong():
         task = by_prompt[prompt]
         wrong = rest.split("\n", 1)[0]
         assert answer == task.canonical_solution and wrong + "\n" != answer
+
+
+def test_the_teacher_writes_its_bugs_at_its_rate_and_they_fail_the_judge(runner):
+    buggy = {re.sub(r"\d+|'[a-z]'", "#", t.format(0)) for t in TEACHER_BUGS}
+    tasks = [t for t in make_tasks(Split.TRAIN, 600, 4)
+             if re.sub(r"\d+|'[a-z]'", "#", t.canonical_solution.strip()) in buggy]
+    assert len(tasks) > 150
+    rng = random.Random(0)
+    answers = [teacher_answer(t, rng, 0.7) for t in tasks]
+    bugged = [(t, a) for t, a in zip(tasks, answers, strict=True) if a != t.canonical_solution]
+    assert 0.6 < len(bugged) / len(tasks) < 0.8
+    assert all(teacher_answer(t, rng, 0.0) == t.canonical_solution for t in tasks)
+    pairs = sft_pairs(tasks, seed=0, retry_share=0.0, teacher_error=1.0)
+    assert all(a != t.canonical_solution for (_, a), t in zip(pairs, tasks, strict=True))
+    # one bug of each kind, judged for real: it fails the hidden tests
+    seen: dict[str, tuple] = {}
+    for t, a in bugged:
+        seen.setdefault(re.sub(r"\d+", "#", a), (t, a))
+    assert len(seen) == len(TEACHER_BUGS)
+
+    async def grade_all():
+        return [await judge_function(t, a, runner.pool) for t, a in seen.values()]
+
+    for (t, a), grade in zip(seen.values(), runner.run(grade_all(), timeout=300), strict=True):
+        assert grade.outcome is Outcome.FAILED, (t.canonical_solution, a, grade.outcome)

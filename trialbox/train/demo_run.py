@@ -1,8 +1,10 @@
 """`trialbox demo`: a tiny model learns to write code by trial and error, on CPU.
 
 Build a ~0.7M-parameter byte-level transformer, warm-start it with a short supervised
-phase on generated programs, measure held-out pass@1 (unseen programs, greedy, graded by
-the trusted judge in real sandboxes), train it with GRPO over two-turn episodes (the
+phase on generated programs written by an unverified teacher (it has ten classic
+bugs, `demo_tasks.TEACHER_BUGS`, which imitation learns too), measure held-out pass@1
+(tasks whose examples were never trained on, greedy, graded by the trusted judge in real
+sandboxes), train it with GRPO over two-turn episodes (the
 judge's feedback on the visible examples between turns), measure again, and report:
 pass@1 before/after, the reward curve (PNG), where the records and TensorBoard logs are.
 
@@ -55,6 +57,7 @@ class _Live:
         self.t0 = time.monotonic()
         self.tty = sys.stdout.isatty()
         self.recent: list[float] = []
+        self.evals: dict[str, dict[str, Any]] = {}
 
     def __call__(self, event: str, r: dict[str, Any]) -> None:
         t = f"[{time.monotonic() - self.t0:6.1f}s]"
@@ -67,8 +70,10 @@ class _Live:
                 print(("\r" if self.tty else "") + line, flush=True)
         elif event == "eval":
             print(f"{t} held-out pass@1 {r['when']:<6} {_pct(r['pass1'])}  "
-                  f"({r['passed']}/{r['graded']} unseen programs, greedy, excluded "
-                  f"{r['excluded']}; judged in {r['wall_s']:.1f}s)", flush=True)
+                  f"({r['passed']}/{r['graded']} held-out tasks, greedy, excluded "
+                  f"{r['excluded']}; {r['teacher_bugs']} answers are the teacher's bug; "
+                  f"judged in {r['wall_s']:.1f}s)", flush=True)
+            self.evals[r["when"]] = r
         elif event == "step":
             # each step draws new tasks, so one step's pass rate is noisy: show the mean
             # of the last 5 beside it
@@ -84,6 +89,24 @@ class _Live:
             print(f"{t} GRPO step {r['step']} SKIPPED: {r['skipped']}", flush=True)
         elif event == "stop":
             print(f"{t} training stopped: {r['reason']}", flush=True)
+
+
+def template_table(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Held-out passes by program template, before and after GRPO; `*` marks the
+    templates the warm start's teacher writes with a bug."""
+    from trialbox.train.demo_tasks import TEACHER_BUGS
+
+    rows = [" by template (passed/graded; * = the teacher has a bug for it):"]
+    cells = []
+    for name, (p0, n0) in before["by_template"].items():
+        p1, n1 = after["by_template"].get(name, (0, 0))
+        mark = "*" if name in TEACHER_BUGS else " "
+        cells.append(f"{mark}{name:<15}{p0:>3}/{n0:<3}-> {p1:>3}/{n1:<3}")
+    for i in range(0, len(cells), 3):
+        rows.append("   " + "  ".join(cells[i:i + 3]))
+    rows.append(f" answers that are exactly the teacher's bug: {before['teacher_bugs']} -> "
+                f"{after['teacher_bugs']}")
+    return "\n".join(rows)
 
 
 def _pct(x: float | None) -> str:
@@ -133,18 +156,21 @@ async def _one(config: TrainConfig) -> dict[str, Any]:
           f"  {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start\n",
           flush=True)
     pool = await CellPool(judge_pool_config(warm=2 * config.rollout.env_workers)).start()
+    live = _Live()
     try:
-        result = await train(config, pool, _Live())
+        result = await train(config, pool, live)
     finally:
         await pool.close()
     png = reward_curve(result, os.path.join(config.run.out_dir, "reward_curve.png"),
                        f"trialbox demo, seed {config.run.seed}")
     rise = (None if result.pass_before is None or result.pass_after is None
             else result.pass_after - result.pass_before)
-    print(f"\n held-out pass@1 (greedy, {config.eval.tasks} tasks of unseen programs): "
-          f"{_pct(result.pass_before).strip()} after the warm start -> "
+    print(f"\n held-out pass@1 (greedy, {config.eval.tasks} tasks whose examples were never "
+          f"trained on): {_pct(result.pass_before).strip()} after the warm start -> "
           f"{_pct(result.pass_after).strip()} after GRPO"
           + (f" ({100 * rise:+.1f} points)" if rise is not None else ""))
+    if "before" in live.evals and "after" in live.evals:
+        print(template_table(live.evals["before"], live.evals["after"]))
     if result.stopped:
         print(f" stopped early: {result.stopped}")
     d = config.run.out_dir

@@ -12,12 +12,20 @@ are also the task's visible tests, so special-casing them shows up as a gap):
 and the model completes the line (`x + 4`). Tasks are ordinary `Task`s of kind
 FUNCTION, judged like HumanEval: the completion is appended to the prompt.
 
-Splits. A *program* is a template with its constants (`x + 4`). Programs of templates
-that take a constant are split once, deterministically (by a hash of the program's
-text, independent of any seed), into train (~3/4) and held-out (~1/4): the held-out
-programs are never trained on. Templates without a constant (`x[::-1]`) appear in both
-splits with different example inputs. Task generation is seeded: the same seed gives
-the same tasks, byte for byte.
+Splits. A task's split follows a hash of its prompt (its three examples), fixed once and
+independent of any seed: ~1/4 of all prompts are held out and never trained on, the
+rest are for training. Both splits draw from every program of the DSL (136), so the
+held-out set measures what the policy does on examples it has never seen, of the same
+family. (Until 2026-11-30 the split was by *program*: that taught the model a rule
+that is not there — "template T never comes with constant c" — and held-out programs
+with a constant scored ~0 whatever the training did; docs/training.md.)
+
+The teacher. The supervised warm start imitates an *unverified teacher*
+(`sft_pairs(..., teacher_error=p)`): for ten templates it writes, with probability p,
+one of the classic bugs of `TEACHER_BUGS` instead (an index off by one, `[:-1]` for
+`[::-1]`, `x * 2` for `x * x`, a missing `abs`, ...). Imitation learns those bugs as
+habits; the judge's reward is what can take them out again. Task generation is seeded:
+the same seed gives the same tasks, byte for byte.
 """
 
 from __future__ import annotations
@@ -60,14 +68,6 @@ class Program:
     @property
     def has_constant(self) -> bool:
         return "{" in self.template
-
-    @property
-    def split(self) -> Split:
-        """Constant-free programs: TRAIN (they are in both splits, see `programs`)."""
-        if not self.has_constant:
-            return Split.TRAIN
-        h = int.from_bytes(hashlib.sha256(self.expr.encode()).digest()[:4], "big")
-        return Split.HELDOUT if h % 4 == 0 else Split.TRAIN
 
     def __call__(self, x: object) -> object:
         return _compiled(self.expr)(x)
@@ -129,14 +129,26 @@ def _product(ranges: list[range]) -> list[tuple[int, ...]]:
 
 
 def all_programs() -> list[Program]:
+    return list(_programs())
+
+
+@functools.cache
+def _programs() -> tuple[Program, ...]:
     progs = [p for t, r in _INT_TEMPLATES for p in _expand(t, r, "int")]
     progs += [p for t, r in _STR_TEMPLATES for p in _expand(t, r, "str")]
-    return progs
+    return tuple(progs)
 
 
-def programs(split: Split) -> list[Program]:
-    """The programs a split draws from (constant-free templates are in both)."""
-    return [p for p in all_programs() if not p.has_constant or p.split is split]
+@functools.cache
+def _program_index() -> dict[tuple[str, str], Program]:
+    return {(p.expr, p.arg): p for p in _programs()}
+
+
+def split_of(prompt: str) -> Split:
+    """A task's split: a hash of its prompt, so a held-out prompt is never trained on
+    (whatever the seed, in every process)."""
+    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big")
+    return Split.HELDOUT if h % 4 == 0 else Split.TRAIN
 
 
 def _inputs(rng: random.Random, arg: str, n: int) -> list[object]:
@@ -195,18 +207,24 @@ def make_task(program: Program, rng: random.Random, task_id: str) -> Task:
 
 def make_tasks(split: Split, n: int, seed: int) -> list[Task]:
     """`n` tasks of `split`, programs drawn uniformly per template then per constant
-    (so `x + k`, with 9 constants, is not 9 times likelier than `-x`)."""
+    (so `x + k`, with 9 constants, is not 9 times likelier than `-x`); a draw whose
+    prompt belongs to the other split is drawn again (program and examples)."""
     if n < 0:
         raise UsageError(f"number of tasks must be >= 0, got {n}")
     rng = random.Random(f"trialbox-demo/{split.value}/{seed}")
     by_template: dict[str, list[Program]] = {}
-    for p in programs(split):
+    for p in all_programs():
         by_template.setdefault(f"{p.arg}:{p.template}", []).append(p)
     keys = sorted(by_template)
     tasks = []
     for i in range(n):
-        program = rng.choice(by_template[rng.choice(keys)])
-        tasks.append(make_task(program, rng, f"demo-{split.value}-{seed}-{i:05d}"))
+        task_id = f"demo-{split.value}-{seed}-{i:05d}"
+        while True:  # 1 draw in 4 (held-out) or 4 in 3 (train) on average
+            program = rng.choice(by_template[rng.choice(keys)])
+            task = make_task(program, rng, task_id)
+            if split_of(task.prompt) is split:
+                break
+        tasks.append(task)
     return tasks
 
 
@@ -237,24 +255,68 @@ def render_feedback(report: str) -> str:
     return FEEDBACK
 
 
-def sft_pairs(tasks: list[Task], seed: int, retry_share: float = 0.25) -> \
-        list[tuple[str, str]]:
-    """(context, completion) pairs for the warm start. A `retry_share` of them are
-    second turns: the prompt, a wrong answer (another program's expression, one that
-    fails a shown example), the feedback marker, then the right answer, so the model
-    has seen the two-turn format before GRPO uses it. The loss is on the right answer
-    only (the wrong one is context, never a target)."""
+TEACHER_BUGS: dict[str, str] = {
+    "x[0]": "x[1]",                  # an index off by one
+    "x[-1]": "x[-2]",
+    "x[1:]": "x[2:]",
+    "len(x)": "len(x) - 1",
+    "x[::-1]": "x[:-1]",             # reversed vs all but the last
+    "x.upper()": "x.capitalize()",
+    "x * x": "x * 2",                # square vs double
+    "-x": "~x",                      # negation vs bitwise not (-x - 1)
+    "abs(x - {0})": "x - {0}",       # the abs forgotten
+    "x * x + {0}": "x * 2 + {0}",
+}
+"""The unverified teacher's habits: template -> the bug it writes instead (same
+constants). Each bug fails the task's hidden tests (the examples pin the program down,
+`_identifies`), and each is a mistake people make."""
+
+
+def teacher_bug(task: Task) -> str | None:
+    """The bug the unverified teacher writes for `task` (`TEACHER_BUGS`, the task's own
+    constants, a newline), or None for a template it always gets right."""
+    program = _program_of(task)
+    if program is None or program.template not in TEACHER_BUGS:
+        return None
+    constants = re.findall(r"\d+", program.expr) if program.has_constant else []
+    return TEACHER_BUGS[program.template].format(*constants) + "\n"
+
+
+def teacher_answer(task: Task, rng: random.Random, teacher_error: float) -> str:
+    """What the unverified teacher writes for `task`: with probability `teacher_error`
+    its bug (`teacher_bug`) where it has one, else the solution."""
+    bug = teacher_bug(task)
+    return bug if bug is not None and rng.random() < teacher_error else solution_of(task)
+
+
+def template_of(task: Task) -> str:
+    """The DSL template of a task's program (`x + {0}` for `x + 4`)."""
+    program = _program_of(task)
+    return program.template if program is not None else task.canonical_solution.strip()
+
+
+def sft_pairs(tasks: list[Task], seed: int, retry_share: float = 0.25,
+              teacher_error: float = 0.0) -> list[tuple[str, str]]:
+    """(context, completion) pairs for the warm start, the completion written by the
+    teacher (`teacher_answer`: with `teacher_error` > 0 it has bugs). A `retry_share`
+    of them are second turns: the prompt, a wrong answer (another program's expression,
+    one that fails a shown example), the feedback marker, then the teacher's answer, so
+    the model has seen the two-turn format before GRPO uses it. The loss is on the
+    teacher's answer only (the wrong one is context, never a target)."""
+    if not 0.0 <= teacher_error <= 1.0 or not 0.0 <= retry_share <= 1.0:
+        raise UsageError(f"teacher_error and retry_share must be in [0, 1], got "
+                         f"{teacher_error!r}, {retry_share!r}")
     rng = random.Random(f"trialbox-demo/sft/{seed}")
     pairs = []
     for task in tasks:
         program = _program_of(task)
+        answer = teacher_answer(task, rng, teacher_error)
         if program is not None and rng.random() < retry_share:
             wrong = _wrong_for(program, task, rng)
             if wrong is not None:
-                pairs.append((task.prompt + wrong.expr + "\n" + FEEDBACK,
-                              solution_of(task)))
+                pairs.append((task.prompt + wrong.expr + "\n" + FEEDBACK, answer))
                 continue
-        pairs.append((task.prompt, solution_of(task)))
+        pairs.append((task.prompt, answer))
     return pairs
 
 
@@ -267,7 +329,7 @@ def _program_of(task: Task) -> Program | None:
     expr = task.canonical_solution.strip()
     shown = _shown_inputs(task)
     arg = "str" if shown and isinstance(shown[0], str) else "int"
-    return next((p for p in all_programs() if p.expr == expr and p.arg == arg), None)
+    return _program_index().get((expr, arg))
 
 
 def _wrong_for(program: Program, task: Task, rng: random.Random) -> Program | None:

@@ -112,11 +112,22 @@ async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) 
                                               temperature=config.eval.temperature))
     graded = batch.stats.episodes - batch.stats.excluded
     outcomes: dict[str, int] = {}
+    by_template: dict[str, list[int]] = {}
+    teacher_bugs = 0  # answers that are exactly the warm start's teacher's bug
+    by_id = {t.task_id: t for t in tasks}
     for t in batch.trajectories:
         key = t.grade.outcome.value if t.grade is not None else "none"
         outcomes[key] = outcomes.get(key, 0) + 1
+        task = by_id[t.task_id]
+        row = by_template.setdefault(demo_tasks.template_of(task), [0, 0])
+        row[0] += int(t.passed)
+        row[1] += int(t.reward is not None)
+        bug = demo_tasks.teacher_bug(task)
+        said = " ".join(t.turns[0].output_text.split("\n", 1)[0].split()) if t.turns else ""
+        teacher_bugs += int(bug is not None and said == bug.strip())
     return {"pass1": batch.stats.passed / graded if graded else None,
-            "outcomes": outcomes,
+            "outcomes": outcomes, "teacher_bugs": teacher_bugs,
+            "by_template": dict(sorted(by_template.items())),
             "passed": batch.stats.passed, "graded": graded,
             "excluded": batch.stats.excluded, "tasks": len(tasks),
             "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
@@ -191,7 +202,8 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         if not run.resume and config.sft.steps:
             pairs = demo_tasks.sft_pairs(demo_tasks.make_tasks(
                 demo_tasks.Split.TRAIN, max(2000, config.sft.steps * config.sft.batch_size
-                                            // 4), seed=run.seed + 7), seed=run.seed)
+                                            // 4), seed=run.seed + 7), seed=run.seed,
+                retry_share=config.sft.retry_share, teacher_error=config.sft.teacher_error)
             stats = sft(model, tok, pairs, config.sft, device=device, progress=lambda s, loss:
                         say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
                         if s % 10 == 0 or s == config.sft.steps else None)
