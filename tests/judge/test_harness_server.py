@@ -169,7 +169,7 @@ def test_restore_puts_back_what_a_job_changed_with_and_without_version_tags(monk
         mod.x, mod.gone = 1, "here"
         monkeypatch.setitem(sys.modules, mod.__name__, mod)
         baseline = hp._Baseline()
-        assert bool(baseline.versions) is with_tags
+        assert bool(baseline.views) is with_tags
         for _ in range(3):  # every job starts from the baseline, not from the last job
             mod.x = 2  # rebound: the key set is unchanged
             mod.added = True

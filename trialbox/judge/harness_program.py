@@ -274,35 +274,29 @@ class _Baseline:
         self.warnings = warnings
         self.filters = list(warnings.filters)
         reader = _dict_versions()
-        # name -> (version view, version when last known equal to the baseline)
-        self.versions = {}
+        # (name, view of its dict's version) per module; the version when last known
+        # equal to the baseline in `seen`; sys.modules itself under None
+        self.views = []
         if reader is not None:
-            self.versions = {name: reader(self.modules[name].__dict__)
-                             for name in self.globals}
-            self.versions[None] = reader(sys.modules)
-        self.seen = {name: view.value for name, view in self.versions.items()}
-
-    def _unchanged(self, name):
-        view = self.versions.get(name)
-        return view is not None and view.value == self.seen[name]
-
-    def _mark(self, name):
-        view = self.versions.get(name)
-        if view is not None:
-            self.seen[name] = view.value
+            self.views = [(name, reader(self.modules[name].__dict__))
+                          for name in self.globals]
+            self.views.append((None, reader(sys.modules)))
+        self.seen = {name: view.value for name, view in self.views}
 
     def restore(self):
         import random
-        if not self._unchanged(None):
-            for name in [n for n in sys.modules if n not in self.modules]:
-                del sys.modules[name]
-            for name, module in self.modules.items():
-                if sys.modules.get(name, _MISSING) is not module:
-                    sys.modules[name] = module
-            self._mark(None)
-        for name, saved in self.globals.items():
-            if self._unchanged(name):
+        changed = [name for name, view in self.views if view.value != self.seen[name]]
+        if not self.views:  # no version tags: compare everything
+            changed = [None, *self.globals]
+        for name in changed:
+            if name is None:
+                for extra in [n for n in sys.modules if n not in self.modules]:
+                    del sys.modules[extra]
+                for mod_name, module in self.modules.items():
+                    if sys.modules.get(mod_name, _MISSING) is not module:
+                        sys.modules[mod_name] = module
                 continue
+            saved = self.globals[name]
             now = self.modules[name].__dict__
             try:
                 same = now == saved  # identical values compare equal without __eq__
@@ -314,7 +308,8 @@ class _Baseline:
                 for key, value in saved.items():
                     if now.get(key, _MISSING) is not value:
                         now[key] = value
-            self._mark(name)
+        if changed and self.views:  # put back: equal to the baseline at these versions
+            self.seen = {name: view.value for name, view in self.views}
         sys.path[:] = self.path
         sys.setrecursionlimit(self.recursion)
         self.warnings.filters[:] = self.filters
