@@ -124,6 +124,8 @@ def test_the_teacher_writes_its_bugs_at_its_rate_and_they_fail_the_judge(runner)
     for t, a in bugged:
         seen.setdefault(re.sub(r"\d+", "#", a), (t, a))
     assert len(seen) == len(TEACHER_BUGS)
+    # no bug is another task's right answer (unlearning it would unlearn that too)
+    assert not {a.strip() for _, a in bugged} & {p.expr for p in all_programs()}
 
     async def grade_all():
         return [await judge_function(t, a, runner.pool) for t, a in seen.values()]

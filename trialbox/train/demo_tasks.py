@@ -262,14 +262,16 @@ TEACHER_BUGS: dict[str, str] = {
     "len(x)": "len(x) - 1",
     "x[::-1]": "x[:-1]",             # reversed vs all but the last
     "x.upper()": "x.capitalize()",
-    "x * x": "x * 2",                # square vs double
+    "x * x": "x ^ 2",                # XOR for a power
+    "x * x + {0}": "x ^ 2 + {0}",
     "-x": "~x",                      # negation vs bitwise not (-x - 1)
-    "abs(x - {0})": "x - {0}",       # the abs forgotten
-    "x * x + {0}": "x * 2 + {0}",
+    "abs(x - {0})": "abs(x) - {0}",  # a parenthesis misplaced
 }
 """The unverified teacher's habits: template -> the bug it writes instead (same
-constants). Each bug fails the task's hidden tests (the examples pin the program down,
-`_identifies`), and each is a mistake people make."""
+constants). Each bug fails the task's hidden tests, each is a mistake people make, and
+none is itself a program of the DSL: unlearning a bug that is another task's right
+answer (`x * 2` for `x * x`, `x - k` for `abs(x - k)` — tried first) also unlearned
+that answer where it was right (`x - k` tasks 10/14 -> 0/14, seed 2)."""
 
 
 def teacher_bug(task: Task) -> str | None:
