@@ -142,6 +142,34 @@ def test_answers_that_make_a_trusted_test_overrun_are_the_candidates_timeout(run
     runner.assert_no_leaks()
 
 
+
+def test_with_no_reference_an_overrun_is_the_candidates_timeout_when_no_candidate_is_fast(
+        runner):
+    """A task with no reference solution: the same quadratic check overruns on the
+    flood answer; run again with no candidate answering (every call raises), the test
+    stops at its call and finishes in time, so the overrun is the candidate's TIMEOUT
+    (reward 0), not an exclusion a failing policy could aim for. A test that is slow
+    before any call overruns with no candidate too: a broken task, excluded (ERROR) —
+    for every candidate alike (the tests above: a hung test stays ERROR)."""
+    quadratic = Task("t/uniq-noref", TaskKind.FUNCTION, "def ids(n):\n", entry_point="ids",
+                     hidden_tests=(TestCase("test_0", "r = candidate(3)\nassert all(r.count(x)"
+                                                      " == 1 for x in r)"),
+                                   TestCase("test_1", "assert candidate(2) == [0, 1]")))
+    slow_first = Task("t/slow-first", TaskKind.FUNCTION, "def ids(n):\n", entry_point="ids",
+                      hidden_tests=(TestCase("test_0", "assert candidate(1) == [0]"),
+                                    TestCase("test_1", "while True: pass\ncandidate(3)")))
+    g_flood, g_ok, g_slow = judge_in_turn(
+        runner, SHORT, (quadratic, "    return list(range(60000))\n"),
+        (quadratic, "    return list(range(n))\n"),
+        (slow_first, "    return list(range(n))\n"))
+    assert g_flood.outcome is Outcome.TIMEOUT, (g_flood.outcome, g_flood.message)
+    assert "no candidate answering" in g_flood.message
+    assert [t.passed for t in g_flood.tests] == [False, False]
+    assert g_ok.outcome is Outcome.PASSED, g_ok.message
+    assert g_slow.outcome is Outcome.ERROR and "deadline" in g_slow.message, \
+        (g_slow.outcome, g_slow.message)
+    runner.assert_no_leaks()
+
 def _harness_module():
     """harness_program as the sandbox loads it (it imports the codec as
     `_trialbox_codec`), here in the test's own interpreter."""

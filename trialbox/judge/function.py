@@ -281,19 +281,64 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
         lambda: _attempt(task, completion, pool, config, harness, reference or {}),
         config.retries, task.task_id)
     if (grade.outcome is Outcome.ERROR and _PAST_DEADLINE in grade.message
-            and task.canonical_solution and completion != task.canonical_solution):
+            and completion != task.canonical_solution):
         # A trusted test overran the job's deadline. Broken task (excluded) or the
         # candidate's doing — answers, within the codec's limits, that make the test's
-        # own code slow? Exclusion would let a failing policy escape its zero, so the
-        # reference solution decides: if it passes every test in time, the overrun is
-        # the candidate's TIMEOUT. Rare, so its cost (one more judgement) is paid only here.
-        ref = await judge_function(task, task.canonical_solution, pool, config, harness,
-                                   reference)
-        if ref.passed:
-            grade = replace(grade, outcome=Outcome.TIMEOUT, message=(
-                f"{grade.message}; the reference solution passes every test in time, so "
-                "the candidate's answers made the trusted test overrun"))
+        # own code slow? Exclusion would let a failing policy escape its zero. Rare, so
+        # the cost of deciding (one more judgement) is paid only here.
+        if task.canonical_solution:
+            # The reference solution decides: if it passes every test in time, the
+            # overrun is the candidate's TIMEOUT.
+            ref = await judge_function(task, task.canonical_solution, pool, config,
+                                       harness, reference)
+            if ref.passed:
+                grade = replace(grade, outcome=Outcome.TIMEOUT, message=(
+                    f"{grade.message}; the reference solution passes every test in "
+                    "time, so the candidate's answers made the trusted test overrun"))
+        else:
+            slow = next((t.name for t in grade.tests if _PAST_DEADLINE in t.message), "")
+            if slow and not await _overruns_with_no_candidate(task, slow, pool, config,
+                                                              harness):
+                grade = replace(grade, outcome=Outcome.TIMEOUT, message=(
+                    f"{grade.message}; with no candidate answering (every call raises) "
+                    "the tests up to it finish in time, so the candidate's answers made "
+                    "the trusted test overrun"))
     return grade
+
+
+async def _overruns_with_no_candidate(task: Task, test_name: str, pool: CellPool,
+                                      config: JudgeConfig,
+                                      harness: NamespaceSandbox | None) -> bool:
+    """Whether the task's tests up to `test_name` still overrun the job's deadline when
+    no candidate answers: a stand-in whose every call raises at once (harness_program,
+    "stand_in"). For tasks with no reference solution.
+
+    Why this settles it: the overrun needs the candidate only if the trusted code got
+    somewhere slow with the candidate's answers; with none, each test stops at its first
+    call. If the tests overrun even so, the slow part comes before any call (or on the
+    path a failed call takes): every candidate, right or wrong, would overrun there —
+    a broken task, excluded for all, so no wrong answer escapes its zero. If they finish
+    in time, the candidate's answers made the difference: TIMEOUT, reward 0. The cost of
+    this choice: a test that is slow after its first call whatever the answer (a broken
+    task too) scores every candidate 0 instead of excluding it — a task nobody can pass,
+    visible as such, rather than an exclusion a failing policy could aim for. Returns
+    True (keep the exclusion) when the question cannot be asked (the harness failed)."""
+    names = [t.name for t in (*task.hidden_tests, *task.visible_tests)]
+    job = _job(task, config, {})
+    job["tests"] = job["tests"][:names.index(test_name) + 1] if test_name in names \
+        else job["tests"]
+    job["stand_in"] = True
+    own = harness is None
+    h = harness or await open_harness(pool, config)
+    ours, theirs = socket.socketpair()
+    try:
+        report, _why, broken = await _server_for(h, config).job(
+            job, secrets.token_hex(16), ours, _job_deadline(job, config))
+    finally:
+        theirs.close()
+        if own:
+            await h.close()
+    return broken or report is None or bool(report.get("deadline"))
 
 
 async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
@@ -301,12 +346,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
-    job = {"setup": _prompt_setup(task.prompt, task.entry_point) + "\n" + task.test_setup,
-           "entry_point": task.entry_point, "call_timeout": config.call_timeout_s,
-           "load_timeout": config.load_timeout_s,
-           "tests": [{"name": t.name, "code": t.code,
-                      "timeout": config.limit_for(reference.get(t.name))}
-                     for t, _ in tests]}
+    job = _job(task, config, reference)
     cand = await NamespaceSandbox.open(pool, config.candidate_limits)
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
@@ -344,6 +384,17 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
             await harness.close()
     grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
     return canary_check(_with_flags(grade, task, completion, rc), task)
+
+
+def _job(task: Task, config: JudgeConfig, reference: dict[str, float]) -> dict[str, Any]:
+    """The harness's job for a task: its setup and tests (hidden first), with limits."""
+    tests = (*task.hidden_tests, *task.visible_tests)
+    return {"setup": _prompt_setup(task.prompt, task.entry_point) + "\n" + task.test_setup,
+            "entry_point": task.entry_point, "call_timeout": config.call_timeout_s,
+            "load_timeout": config.load_timeout_s,
+            "tests": [{"name": t.name, "code": t.code,
+                       "timeout": config.limit_for(reference.get(t.name))}
+                      for t in tests]}
 
 
 def _preloaded(pool: CellPool) -> bool:

@@ -110,6 +110,7 @@ class TestDataError(Exception):
 
 
 PAST_DEADLINE = "the test ran past the job's deadline"
+STAND_IN = "no candidate: the stand-in answers no call"
 NOT_RUN = "not run: the job's deadline had passed"
 
 
@@ -136,17 +137,24 @@ def _compiled(source, name):
 
 
 def run_job(job, nonce, channel_fd):
-    """Run one task's tests against the candidate on `channel_fd`; the report dict."""
+    """Run one task's tests against the candidate on `channel_fd`; the report dict.
+
+    A job with "stand_in" runs the tests with no candidate at all: every call raises
+    CandidateError at once (the judge asks whether a test overruns its deadline even
+    then; function.py, judge_function)."""
     chan = _Channel(channel_fd, job["call_timeout"])
     out = {"nonce": nonce, "load": "", "setup_error": "", "results": []}
-    try:
-        _, kind, value = chan.recv(time.monotonic() + job["load_timeout"])
-        if kind != "ready":
-            out["load"] = "the solution failed to load: %s" % value
-    except TimeoutError:
-        out["load"] = "the solution did not load within %.1f s" % job["load_timeout"]
-    except CandidateError as e:
-        out["load"] = "the solution failed to load: %s" % e
+    if job.get("stand_in"):
+        chan.gone = STAND_IN
+    else:
+        try:
+            _, kind, value = chan.recv(time.monotonic() + job["load_timeout"])
+            if kind != "ready":
+                out["load"] = "the solution failed to load: %s" % value
+        except TimeoutError:
+            out["load"] = "the solution did not load within %.1f s" % job["load_timeout"]
+        except CandidateError as e:
+            out["load"] = "the solution failed to load: %s" % e
     namespace = {"__name__": "__trialbox_test__"}
     try:
         exec(_compiled(job["setup"], "test_setup"), namespace)
