@@ -58,12 +58,13 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import re
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from trialbox.errors import UsageError
-from trialbox.judge.resolver import IMPORTERS, MAX_DEPTH, Resolver, const_int
+from trialbox.judge.resolver import IMPORTERS, MAX_DEPTH, Resolver, const_int, walk
 from trialbox.judge.runner_text import (
     ANSI,
     MAX_LINE,
@@ -192,6 +193,19 @@ _KNOWN = frozenset({*_REFS, *_FS_FUNCS, *_FD_FUNCS, *_PRINTS, *_EVALS, *IMPORTER
                     *_GETATTRS, "os.kill", "os.killpg", "os.getpid", "os.getcwd",
                     "os.path.dirname"})
 """Names a `from m import *` is checked for."""
+@functools.lru_cache(maxsize=4096)
+def _ref_hit(q: str) -> tuple[str, str] | None:
+    """(detector, what) for a reference to the qualified name `q`, or None. Memoised:
+    the same few names (`builtins.len`) come up in every attempt."""
+    hit = _REFS.get(q)
+    if hit:
+        return hit[0], f"{q}: {hit[1]}"
+    for prefix, (detector, why) in _PREFIXES.items():
+        if q == prefix or q.startswith(prefix + "."):
+            return detector, f"{prefix}: {why}"
+    return None
+
+
 _GUARDED = frozenset({"exit-call", "test-runner-output"})
 """Detectors not fired inside `if __name__ == "__main__":` (it does not run when loaded)."""
 
@@ -250,10 +264,11 @@ def static_scan(source: str, trusted_prefix: str = "", *, entry_point: str = "",
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return ()
     first = trusted_prefix.count("\n") + 1  # the first line the candidate wrote (or shares)
-    guarded = _main_only_lines(tree, first, entry_point)
+    scan = _Scan(tree)
+    guarded = _main_only_lines(tree, scan.nodes, first, entry_point)
     seen: set[tuple[str, str]] = set()
     flags = []
-    for line, detector, what in sorted(_Scan(tree).run()):
+    for line, detector, what in sorted(scan.run()):
         if line < first or (detector in _GUARDED and any(a <= line <= b for a, b in guarded)):
             continue
         if lines is not None and line not in lines:
@@ -264,11 +279,13 @@ def static_scan(source: str, trusted_prefix: str = "", *, entry_point: str = "",
     return tuple(flags)
 
 
-def _main_only_lines(tree: ast.Module, first: int, entry_point: str) -> list[tuple[int, int]]:
+def _main_only_lines(tree: ast.Module, nodes: list[ast.AST], first: int,
+                     entry_point: str) -> list[tuple[int, int]]:
     """Line ranges of code only the `__main__` block runs: top-level
     `if __name__ == "__main__":` bodies, and the top-level functions referred to from
     those ranges and nowhere else (`def test(): ...` called by the block), except
-    `entry_point` and functions the prompt (lines before `first`) defines."""
+    `entry_point` and functions the prompt (lines before `first`) defines. `nodes`: the
+    tree's nodes (`resolver.walk`)."""
     ranges: list[tuple[int, int]] = []
     for stmt in tree.body:
         if (isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare)
@@ -285,7 +302,7 @@ def _main_only_lines(tree: ast.Module, first: int, entry_point: str) -> list[tup
     trusted = {fn.name for fn in funcs if fn.lineno < first} | {entry_point}
     defs = {fn.name: fn for fn in funcs if fn.name not in trusted}
     uses: dict[str, list[int]] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Name) and node.id in defs:
             uses.setdefault(node.id, []).append(node.lineno)
     while True:  # helpers of helpers
@@ -297,6 +314,12 @@ def _main_only_lines(tree: ast.Module, first: int, entry_point: str) -> list[tup
         for fn in more:
             ranges.append((fn.lineno, fn.end_lineno or fn.lineno))
             del defs[fn.name]
+
+
+_CHECKED = frozenset({ast.Name, ast.Attribute, ast.Subscript, ast.Call, ast.Constant,
+                      ast.JoinedStr, ast.Expr, ast.Import, ast.ImportFrom, ast.Raise,
+                      ast.ClassDef, ast.Assign, ast.Dict})
+"""The node types `_Scan.run` checks."""
 
 
 class _Scan(Resolver):
@@ -316,62 +339,72 @@ class _Scan(Resolver):
 
     # -- checks ------------------------------------------------------------------------
     def run(self) -> list[_Finding]:
+        """Check every node, in the walk's order (which decides what the memos hold on
+        pathological inputs, so it is kept). One loop, dispatching on the node's type."""
         skip: set[int] = set()  # string nodes that are not output: docstrings, f-string parts
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-                skip.add(id(node.value))
-            elif isinstance(node, ast.JoinedStr):
-                skip.update(id(v) for v in ast.walk(node) if v is not node)
-        for node in ast.walk(self.tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                self._import(node)
-            elif isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
+        for node in self.nodes:
+            if type(node) not in _CHECKED:
+                continue
+            if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
                 if isinstance(node.ctx, ast.Load):
                     self._ref(node, self.qual(node))
                 else:
                     self._store(node)
+                if not isinstance(node, ast.Name):
+                    self._climb(node)
             elif isinstance(node, ast.Call):
                 self._call(node)
-            elif isinstance(node, ast.Raise) and node.exc is not None:
-                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-                q = self.qual(exc)
-                if q in ("builtins.SystemExit", "builtins.KeyboardInterrupt"):
-                    self.add(node, "exit-call", f"raise {q[len('builtins.'):]}")
+                self._climb(node)
+            elif isinstance(node, (ast.Constant, ast.JoinedStr)):
+                if isinstance(node, ast.JoinedStr):  # its parts are not output by themselves
+                    skip.update(id(v) for v in walk(node)[1:])
+                if id(node) not in skip:
+                    self._literal(node)
+            elif isinstance(node, ast.Expr):
+                if isinstance(node.value, ast.Constant):  # a docstring, or a bare string
+                    skip.add(id(node.value))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                self._import(node)
+            elif isinstance(node, ast.Raise):
+                self._raise(node)
             elif isinstance(node, ast.ClassDef):
                 self._class(node)
             elif isinstance(node, ast.Assign):
-                for t in node.targets:
-                    if isinstance(t, ast.Attribute) and t.attr in _CMP_METHODS:
-                        self._constant_method(node.value, t.attr)
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and target.attr in _CMP_METHODS:
+                        self._constant_method(node.value, target.attr)
             elif isinstance(node, ast.Dict):
                 for k, v in zip(node.keys, node.values, strict=True):
                     key = self.fold(k)
                     if key and key[0] in _CMP_METHODS:
                         self._constant_method(v, key[0])
-            if isinstance(node, (ast.Constant, ast.JoinedStr)) and id(node) not in skip:
-                text = self._render(node)
-                why = runner_text(text, weak=False, template=True) if text else None
-                if text and why:
-                    self.add(node, "test-runner-output", f"{_short(text)}: {why}")
-                if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    self._path(node, node.value, "")
-            if isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-                self._climb(node)
         return self.findings
+
+    def _literal(self, node: ast.Constant | ast.JoinedStr) -> None:
+        """A string in the code: runner-like text, a path naming the judge's files."""
+        text = self._render(node)
+        why = runner_text(text, weak=False, template=True) if text else None
+        if text and why:
+            self.add(node, "test-runner-output", f"{_short(text)}: {why}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            self._path(node, node.value, "")
+
+    def _raise(self, node: ast.Raise) -> None:
+        if node.exc is None:
+            return
+        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        q = self.qual(exc)
+        if q in ("builtins.SystemExit", "builtins.KeyboardInterrupt"):
+            self.add(node, "exit-call", f"raise {q[len('builtins.'):]}")
 
     def _ref(self, node: ast.AST, q: str | None) -> None:
         if isinstance(node, ast.Attribute):
             self._attr_name(node, node.attr)
         if q is None:
             return
-        hit = _REFS.get(q)
+        hit = _ref_hit(q)
         if hit:
-            self.add(node, hit[0], f"{q}: {hit[1]}")
-            return
-        for prefix, (detector, why) in _PREFIXES.items():
-            if q == prefix or q.startswith(prefix + "."):
-                self.add(node, detector, f"{prefix}: {why}")
-                return
+            self.add(node, *hit)
 
     def _attr_name(self, node: ast.AST, attr: str) -> None:
         if attr in _FRAME_ATTRS:
@@ -454,7 +487,7 @@ class _Scan(Resolver):
             self._dynamic(node, fn)
         if fn in _FS_FUNCS:
             for arg in [*args, *(k.value for k in node.keywords)]:
-                for sub in ast.walk(arg):
+                for sub in walk(arg):
                     if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                         self._path(node, sub.value, fn)
                 folded = self.fold(arg)
@@ -576,7 +609,7 @@ class _Scan(Resolver):
                 why = runner_text(text, weak=True, template=True)
                 if why:
                     self.add(node, "test-runner-output", f"{fn}({_short(text)}): {why}")
-            for sub in ast.walk(arg):
+            for sub in walk(arg):
                 if isinstance(sub, ast.Dict) and self._result_record(sub):
                     self.add(node, "test-runner-output", f"{fn}(...): a test result record")
 

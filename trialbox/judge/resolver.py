@@ -18,7 +18,8 @@
     ('_getframe', True)
 
 Both memoise by node identity, so chains (`b = a + a; c = b + b; ...`) cost linear time,
-and bound their recursion (`MAX_DEPTH`) and their strings (`MAX_FOLD`).
+and bound their recursion (`MAX_DEPTH`) and their strings (`MAX_FOLD`). The tree is walked
+once (`walk`); the resolver's index and the scan built on it read that list of nodes.
 """
 
 from __future__ import annotations
@@ -47,6 +48,50 @@ BYTES_DECODERS: dict[str, Callable[[Any], bytes]] = {
     "builtins.bytes.fromhex": bytes.fromhex}
 
 
+_LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
+"""Fields that hold only leaves no check reads (expression contexts, operators)."""
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {
+    # the commonest nodes, whose other fields hold plain values
+    ast.Name: (), ast.Constant: (), ast.Attribute: ("value",), ast.arg: ("annotation",),
+    ast.keyword: ("value",), ast.alias: (),
+}
+
+
+_BINDERS = frozenset({ast.Name, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arg,
+                      ast.ExceptHandler, ast.MatchAs, ast.MatchStar, ast.Import,
+                      ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.NamedExpr})
+"""The node types the index reads: what binds a name."""
+
+
+def walk(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree`, in `ast.walk`'s order (breadth first, `tree` first), less
+    expression contexts and operators (`Load`, `Add`, `Eq`: leaves no check reads).
+    One pass, about half the time of `list(ast.walk(tree))`.
+
+    >>> [type(n).__name__ for n in walk(ast.parse("x = a + 1"))]
+    ['Module', 'Assign', 'Name', 'BinOp', 'Name', 'Constant']
+    """
+    nodes = [tree]
+    append, fields, node_type = nodes.append, _CHILD_FIELDS, ast.AST
+    i = 0
+    while i < len(nodes):
+        node = nodes[i]
+        i += 1
+        names = fields.get(type(node))
+        if names is None:
+            names = fields[type(node)] = tuple(
+                f for f in type(node)._fields if f not in _LEAF_FIELDS)
+        for name in names:
+            value = getattr(node, name, None)
+            if isinstance(value, node_type):
+                append(value)
+            elif type(value) is list:
+                for item in value:
+                    if isinstance(item, node_type):
+                        append(item)
+    return nodes
+
+
 class Resolver:
     """Resolves names and folds constant strings over one module (see the module
     docstring). `known`: qualified names a `from m import *` is checked for (a star
@@ -56,6 +101,8 @@ class Resolver:
     def __init__(self, tree: ast.Module, parent: Resolver | None = None,
                  known: frozenset[str] = frozenset()) -> None:
         self.tree = tree
+        self.nodes = walk(tree)
+        """every node of `tree` but contexts and operators, in `ast.walk`'s order"""
         self.known = known
         self.aliases: dict[str, str] = dict(parent.aliases) if parent else {}
         """local name -> qualified name (`s` -> `sys`, `g` -> `sys._getframe`)"""
@@ -77,17 +124,22 @@ class Resolver:
     def _index(self) -> None:
         counts: Counter[str] = Counter()
         assigned: dict[str, ast.expr] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-                counts[node.id] += 1
+        for node in self.nodes:
+            if type(node) not in _BINDERS:
+                continue
+            if isinstance(node, ast.Name):
+                if not isinstance(node.ctx, ast.Load):
+                    counts[node.id] += 1
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 counts[node.name] += 1
             elif isinstance(node, ast.arg):
                 counts[node.arg] += 1
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                counts[node.name] += 1
-            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-                counts[node.name] += 1
+            elif isinstance(node, ast.ExceptHandler):
+                if node.name:
+                    counts[node.name] += 1
+            elif isinstance(node, (ast.MatchAs, ast.MatchStar)):
+                if node.name:
+                    counts[node.name] += 1
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 for a in node.names:
                     if a.name == "*":
@@ -102,12 +154,12 @@ class Resolver:
                         self.aliases.setdefault(local, a.name if a.asname else parts[0])
                     elif node.level == 0 and node.module:
                         self.aliases.setdefault(local, f"{node.module}.{a.name}")
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                    and isinstance(node.targets[0], ast.Name)):
-                assigned[node.targets[0].id] = node.value
-            elif (isinstance(node, (ast.AnnAssign, ast.NamedExpr))
-                  and isinstance(node.target, ast.Name) and node.value is not None):
-                assigned[node.target.id] = node.value
+            elif isinstance(node, ast.Assign):
+                if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    assigned[node.targets[0].id] = node.value
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)):
+                if isinstance(node.target, ast.Name) and node.value is not None:
+                    assigned[node.target.id] = node.value
         self.bound |= set(counts)
         self.consts.update((n, v) for n, v in assigned.items() if counts[n] == 1)
         for _ in range(4):  # alias chains: s = sys; t = s
