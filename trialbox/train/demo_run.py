@@ -1,7 +1,7 @@
 """`trialbox demo`: a tiny model learns to write code by trial and error, on CPU.
 
 Build a ~0.7M-parameter byte-level transformer, warm-start it with a short supervised
-phase on generated programs written by an unverified teacher (it has ten classic
+phase on generated programs written by an unverified teacher (it has twelve classic
 bugs, `demo_tasks.TEACHER_BUGS`, which imitation learns too), measure held-out pass@1
 (tasks whose examples were never trained on, greedy, graded by the trusted judge in real
 sandboxes), train it with GRPO over two-turn episodes (the

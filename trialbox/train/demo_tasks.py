@@ -21,7 +21,7 @@ that is not there — "template T never comes with constant c" — and held-out 
 with a constant scored ~0 whatever the training did; docs/training.md.)
 
 The teacher. The supervised warm start imitates an *unverified teacher*
-(`sft_pairs(..., teacher_error=p)`): for ten templates it writes, with probability p,
+(`sft_pairs(..., teacher_error=p)`): for twelve templates it writes, with probability p,
 one of the classic bugs of `TEACHER_BUGS` instead (an index off by one, `[:-1]` for
 `[::-1]`, `x * 2` for `x * x`, a missing `abs`, ...). Imitation learns those bugs as
 habits; the judge's reward is what can take them out again. Task generation is seeded:
@@ -266,6 +266,8 @@ TEACHER_BUGS: dict[str, str] = {
     "x * x + {0}": "x ^ 2 + {0}",
     "-x": "~x",                      # negation vs bitwise not (-x - 1)
     "abs(x - {0})": "abs(x) - {0}",  # a parenthesis misplaced
+    "x // {0}": "x / {0}",           # true division for floor division
+    "x - {0}": "{0} - x",            # operands swapped
 }
 """The unverified teacher's habits: template -> the bug it writes instead (same
 constants). Each bug fails the task's hidden tests, each is a mistake people make, and
