@@ -128,8 +128,8 @@ def reward_curve(result: TrainResult, path: str, title: str) -> str:
     # each step draws 16 new tasks, so one step's pass rate swings: the trend is the
     # mean of the last 5 steps
     rates = [h["pass_rate"] for h in result.history]
-    trend = [sum(rates[max(0, i - 4):i + 1]) / len(rates[max(0, i - 4):i + 1])
-             for i in range(len(rates))]
+    windows = [rates[max(0, i - 4):i + 1] for i in range(len(rates))]
+    trend = [sum(w) / len(w) for w in windows]
     ax.plot(steps, trend, label="pass rate, mean of last 5 steps", linewidth=2.5)
     if result.pass_before is not None and result.pass_after is not None:
         last = steps[-1] if steps else 1

@@ -23,7 +23,7 @@ with a constant scored ~0 whatever the training did; docs/training.md.)
 The teacher. The supervised warm start imitates an *unverified teacher*
 (`sft_pairs(..., teacher_error=p)`): for twelve templates it writes, with probability p,
 one of the classic bugs of `TEACHER_BUGS` instead (an index off by one, `[:-1]` for
-`[::-1]`, `x * 2` for `x * x`, a missing `abs`, ...). Imitation learns those bugs as
+`[::-1]`, `x ^ 2` for `x * x`, `k - x` for `x - k`, ...). Imitation learns those bugs as
 habits; the judge's reward is what can take them out again. Task generation is seeded:
 the same seed gives the same tasks, byte for byte.
 """
@@ -219,7 +219,7 @@ def make_tasks(split: Split, n: int, seed: int) -> list[Task]:
     tasks = []
     for i in range(n):
         task_id = f"demo-{split.value}-{seed}-{i:05d}"
-        while True:  # 1 draw in 4 (held-out) or 4 in 3 (train) on average
+        while True:  # on average 4 draws a held-out task, 4/3 a training one
             program = rng.choice(by_template[rng.choice(keys)])
             task = make_task(program, rng, task_id)
             if split_of(task.prompt) is split:
