@@ -221,3 +221,19 @@ def test_eval_cli_grades_a_repo_task_from_directories(tmp_path):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["outcome"], r["reward"]) for r in rows] == [("passed", 1.0), ("failed", 0.0)]
     assert json.loads(p.stdout.strip().splitlines()[-1])["pass@1"] == 0.5
+
+
+def test_row_tests_are_every_field_of_each_test_result():
+    """A row's tests hold what dataclasses.asdict gives for each TestResult (the row is
+    built without asdict's deep copy; a field added to TestResult must still appear)."""
+    from dataclasses import asdict
+
+    from trialbox.judge.evaluate import _row
+    from trialbox.types import Grade, Outcome, TestResult
+
+    tests = (TestResult("t0", True, "", 0.25, True),
+             TestResult("t1", False, "assertion failed", 1.5, False))
+    g = Grade("T/0", Outcome.FAILED, tests=tests, message="t1: assertion failed")
+    row = _row({"task_id": "T/0", "completion": "x"}, [g])
+    assert row["tests"] == [asdict(t) for t in tests]
+    assert row["reward"] == 0.0 and row["outcome"] == "failed"

@@ -165,3 +165,24 @@ def test_time_limits_scale_with_the_reference(runner):
     assert g.outcome is Outcome.TIMEOUT, (g.outcome, g.message)
     g = judge(runner, "HumanEval/13", slow)
     assert g.outcome is Outcome.PASSED, (g.outcome, g.message)
+
+
+def test_a_pool_without_the_judges_modules_preloaded_still_judges(runner):
+    """The suites run on a judge pool (tests/judge/conftest.py); on a plain pool the
+    codec and stub are copied into the candidate's workspace instead, and a right
+    solution passes and a wrong one fails there too."""
+    from trialbox.judge.function import _preloaded
+    from trialbox.sandbox import CellPool, PoolConfig
+
+    async def body():
+        pool = await CellPool(PoolConfig(warm=1)).start()
+        try:
+            assert not _preloaded(pool)
+            task = TASKS["HumanEval/0"]
+            return (await judge_function(task, task.canonical_solution, pool, FAST),
+                    await judge_function(task, WRONG["returns None"], pool, FAST))
+        finally:
+            await pool.close()
+    good, bad = runner.run(body())
+    assert good.outcome is Outcome.PASSED, good.message
+    assert bad.outcome is Outcome.FAILED, bad.message

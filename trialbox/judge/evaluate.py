@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
@@ -39,7 +39,7 @@ from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.sandbox.languages import language
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
-from trialbox.types import Grade, Task, TaskKind
+from trialbox.types import Grade, Task, TaskKind, TestResult
 
 
 @dataclass(frozen=True)
@@ -56,10 +56,16 @@ class Reference:
     since their per-test times are measured inside the candidate's process)."""
 
 
+_BINARY = RewardSpec()
+_TEST_FIELDS = tuple(f.name for f in fields(TestResult))
+"""A row's tests: every field of TestResult, all scalars — what asdict gives, without
+its deep copy of each value (9 tests: ~100 -> ~11 us, on every judged attempt)."""
+
+
 def reward_of(grade: Grade) -> float | None:
     """The default reward: 1.0 for a pass, 0.0 for anything the candidate did, None
     (excluded from training) when the machinery or the task's own tests failed."""
-    return reward(grade, RewardSpec())
+    return reward(grade, _BINARY)
 
 
 def _finding_line(finding: str) -> int:
@@ -135,7 +141,8 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade],
                  "reference_peak_memory_bytes": ref_mem}
     return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0], **extra,
             "outcome": g.outcome.value, "message": g.message, "flags": list(g.flags),
-            "tests": [asdict(t) for t in g.tests], "wall_ms": g.wall_ms,
+            "tests": [{k: getattr(t, k) for k in _TEST_FIELDS} for t in g.tests],
+            "wall_ms": g.wall_ms,
             "candidate_cpu_ms": g.candidate_cpu_ms,
             "candidate_peak_memory_bytes": g.candidate_peak_memory_bytes,
             "attempts": g.attempts,
