@@ -26,7 +26,7 @@ CHANNEL = 3
 MAX_FRAME = 16 << 20
 SHORT_STR = 1 << 16  # answers up to this many characters take the shortcut in `_frame`
 _SAFE_INT = 2**53  # codec.encode writes ints beyond +-2**53 in hex, tagged
-_dumps = json.JSONEncoder().encode  # as codec.encode writes None, bools and str
+_dumps = json.encoder.encode_basestring_ascii  # as codec.encode writes a str
 
 
 def _read_exact(n):
@@ -93,7 +93,7 @@ def _frame(obj):
             and -_SAFE_INT <= obj[0] <= _SAFE_INT and type(obj[1]) is str:
         v, t = obj[2], type(obj[2])
         if v is None or t is bool or t is str and len(v) <= SHORT_STR:
-            text = _dumps(v)
+            text = _dumps(v) if t is str else "null" if v is None else ("false", "true")[v]
         elif t is int and -_SAFE_INT <= v <= _SAFE_INT or t is float and math.isfinite(v):
             text = repr(v)
         else:

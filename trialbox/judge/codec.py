@@ -29,7 +29,7 @@ MAX_SAME_HASH = 16  # set elements / dict keys sharing one hash; more is hash fl
 _SAFE_INT = 2**53  # JSON readers keep ints this large exactly; larger ones are tagged
 _HEX_INT = re.compile(r"-?[1-9a-f][0-9a-f]*")  # format(n, "x") of a big int
 _index, _item, _key = "[{}]".format, "<item {}>".format, "<key {}>".format  # path steps
-_dumps = json.JSONEncoder().encode  # of None, a bool or a str only: ASCII, \u-escaped
+_dumps = json.encoder.encode_basestring_ascii  # JSONEncoder's for a str: ASCII, \u-escaped
 _tag = '{{"t":"{}","v":{}}}'.format  # _tag("tuple", "[1,2]") == '{"t":"tuple","v":[1,2]}'
 
 
@@ -52,8 +52,7 @@ def _each(xs: Iterable[Any], step: Callable[[int], str], fn: Callable[[Any], Any
     """[fn(x) for x in xs], adding step(i) to the path of a failure at the i-th x."""
     out: list[Any] = []
     try:
-        for x in xs:
-            out.append(fn(x))
+        out.extend(map(fn, xs))  # keeps what it got before a failure: len(out) is i
     except _Bad as e:
         e.where.append(step(len(out)))
         raise
@@ -75,7 +74,7 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
     items = size = 0  # size: a lower bound on the output, to stop early on huge values
     open_ids: set[int] = set()  # containers on the current path, to catch cycles
 
-    def enc(v: object, depth: int) -> str:
+    def enc(depth: int, v: object) -> str:
         nonlocal items, size
         items, size = items + 1, size + 1
         if items > max_items:
@@ -84,7 +83,7 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
         if size > max_size:
             raise _Bad(f"encoding exceeds max_size={max_size} bytes")
         if v is None or type(v) is bool or type(v) is str:
-            return _dumps(v)
+            return _dumps(v) if type(v) is str else "null" if v is None else ("false", "true")[v]
         if type(v) is int:  # big ints in hex: str() refuses more than 4300 digits
             return repr(v) if -_SAFE_INT <= v <= _SAFE_INT else _tag("int", f'"{v:x}"')
         if type(v) is float:
@@ -99,7 +98,7 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
         if id(v) in open_ids:
             raise _Bad(f"cycle: this {type(v).__name__} contains itself")
         open_ids.add(id(v))
-        inner = partial(enc, depth=depth + 1)
+        inner = partial(enc, depth + 1)
         if type(v) is dict:
             keys = list(v)
             ks, vs = _each(keys, _key, inner), _each(v.values(), _value_of(keys), inner)
@@ -113,7 +112,7 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
         return out
 
     try:
-        data = enc(value, 0).encode("ascii")
+        data = enc(0, value).encode("ascii")
     except _Bad as e:
         raise e.error() from None
     if len(data) > max_size:
@@ -130,19 +129,18 @@ def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
         raise CodecError(f"input is {len(data)} bytes, more than max_size={max_size}")
     try:
         # a JSON object is read as a tuple of (key, value) pairs, which JSON never makes
-        tree = json.loads(data.decode("utf-8"), parse_int=_read_int, object_pairs_hook=tuple)
+        tree = _read_json(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # also UnicodeDecodeError, CodecError
         raise CodecError(f"not UTF-8 JSON: {e}") from None
     items = 0
 
-    def dec(j: Any, depth: int) -> Any:
+    def dec(depth: int, j: Any) -> Any:
         nonlocal items
         items += 1
         if items > max_items:
             raise _Bad(f"more than {max_items} values")
-        if j is None or type(j) is bool or type(j) is str:
-            return j
-        if type(j) is int and abs(j) <= _SAFE_INT or type(j) is float and math.isfinite(j):
+        if (j is None or type(j) is bool or type(j) is str or type(j) is float and math.isfinite(j)
+                or type(j) is int and abs(j) <= _SAFE_INT):
             return j
         if type(j) is tuple and ([k for k, _ in j] != ["t", "v"] or type(j[0][1]) is not str):
             raise _Bad('a JSON object that is not {"t": str, "v": payload}')
@@ -162,10 +160,9 @@ def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
             raise _Bad(f"unknown tag or malformed payload: {str(tag)[:40]!r}")
         if depth >= max_depth:
             raise _Bad(f"nested more than {max_depth} deep")
-        inner = partial(dec, depth=depth + 1)
+        inner = partial(dec, depth + 1)
         if tag is None or tag == "tuple":
-            out = _each(v, _index, inner)
-            return out if tag is None else tuple(out)
+            return _each(v, _index, inner) if tag is None else tuple(_each(v, _index, inner))
         if tag == "dict":
             if not all(type(p) is list and len(p) == 2 for p in v):
                 raise _Bad("dict entries must be [key, value] pairs")
@@ -185,7 +182,7 @@ def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
         return built
 
     try:
-        value = dec(tree, 0)
+        value = dec(0, tree)
     except _Bad as e:
         raise e.error() from None
     if encode(value, max_size=max_size, max_depth=max_depth, max_items=max_items) != data:
@@ -197,3 +194,6 @@ def _read_int(text: str) -> int:
     if len(text) > 17:  # beyond +-2**53, so never made by encode; and slow to parse
         raise CodecError(f"integer literal of {len(text)} characters")
     return int(text)
+
+
+_read_json = json.JSONDecoder(parse_int=_read_int, object_pairs_hook=tuple).decode  # made once
