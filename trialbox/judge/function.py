@@ -350,6 +350,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
     cand = await NamespaceSandbox.open(pool, config.candidate_limits)
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
+    report: dict[str, Any] | None = None
     try:
         try:
             await cand.write_file("solution.py", (task.prompt + completion).encode(
@@ -382,7 +383,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
         await cand.close()
         if shared is None:
             await harness.close()
-    grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3)
+    grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3, report)
     return canary_check(_with_flags(grade, task, completion, rc), task)
 
 
@@ -412,14 +413,13 @@ def _job_deadline(job: dict[str, Any], config: JudgeConfig) -> float:
 def _server_result(report: dict[str, Any] | None, nonce: str, why: str, broken: bool,
                    pool: CellPool) -> ExecResult:
     """The harness server's answer in the shape of a one-shot harness run, for
-    `_grade`: the report as the stdout line, a broken server as `infra`."""
+    `_grade` (which takes the report itself beside it), a broken server as `infra`."""
     if broken:
         return ExecResult(ExecStatus.INFRA, message=why, runtime=pool.runtime.id)
     if report is None:
         return ExecResult(ExecStatus.EXIT, exit_code=1, message=why,
                           runtime=pool.runtime.id)
-    return ExecResult(ExecStatus.OK, exit_code=0, stdout=json.dumps(report).encode(),
-                      runtime=pool.runtime.id)
+    return ExecResult(ExecStatus.OK, exit_code=0, runtime=pool.runtime.id)
 
 
 def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Grade:
@@ -440,14 +440,18 @@ def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Gr
 
 
 def _grade(task: Task, tests: list[tuple[Any, bool]], nonce: str, rc: ExecResult,
-           rh: ExecResult, wall_ms: float) -> Grade:
+           rh: ExecResult, wall_ms: float, served: dict[str, Any] | None = None) -> Grade:
+    """The grade from the harness's report: the line carrying the nonce on a one-shot
+    harness's stdout, or `served`, the harness server's report (the nonce checked all
+    the same; not written out as JSON and read back)."""
     common: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "candidate_cpu_ms": rc.cpu_ms,
                               "candidate_peak_memory_bytes": rc.peak_memory_bytes}
     if ExecStatus.INFRA in (rc.status, rh.status):
         which = "candidate" if rc.status is ExecStatus.INFRA else "harness"
         msg = rc.message if rc.status is ExecStatus.INFRA else rh.message
         return Grade(task.task_id, Outcome.INFRA, message=f"{which} sandbox: {msg}", **common)
-    report = _report(rh.stdout, nonce)
+    report = _report(rh.stdout, nonce) if served is None else (
+        served if served.get("nonce") == nonce else None)
     if report is None:
         return Grade(task.task_id, Outcome.ERROR, message=(
             f"the test harness produced no result (status {rh.status.value}: "
