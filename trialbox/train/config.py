@@ -68,6 +68,9 @@ class Algorithm(enum.Enum):
 
 PPO_ONLY = ("value_coef", "value_clip", "gamma", "lam")
 """[grpo] keys that only mean something with algorithm = "ppo"."""
+GRPO_ONLY = ("advantage", "replay", "replay_coef", "replay_capacity")
+"""[grpo] keys that only mean something with algorithm = "grpo" (PPO's advantages come
+from GAE; its update takes no replayed answers)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,13 @@ class GRPOConfig:
     """PPO: discount per model token (1: the episode's reward counts in full)."""
     lam: float = 0.95
     """PPO: the GAE lambda (1: Monte-Carlo returns, 0: one-step TD)."""
+    replay: int = 0
+    """Self-imitation: judge-passed first-turn answers of earlier steps added to each
+    GRPO update as a likelihood term (trialbox/train/replay.py); 0 = off."""
+    replay_coef: float = 0.1
+    """Weight of the replayed answers' mean NLL per token next to the policy loss."""
+    replay_capacity: int = 512
+    """Distinct (task, answer) pairs the replay buffer keeps (first in, first out)."""
 
     def __post_init__(self) -> None:
         for name in ("tasks_per_step", "group_size", "epochs", "micro_batch",
@@ -130,6 +140,9 @@ class GRPOConfig:
             raise UsageError(f"[grpo] kl_coef must be >= 0, got {self.kl_coef}")
         if not self.value_coef > 0 or not self.value_clip > 0:
             raise UsageError("[grpo] value_coef and value_clip must be > 0")
+        if self.replay < 0 or self.replay_capacity < 1 or self.replay_coef < 0:
+            raise UsageError("[grpo] replay must be >= 0, replay_capacity >= 1 and "
+                             "replay_coef >= 0")
         for name in ("gamma", "lam"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise UsageError(f"[grpo] {name} must be in [0, 1], got "
@@ -327,10 +340,13 @@ def _check_algorithm_keys(table: Any) -> None:
     if algorithm not in [a.value for a in Algorithm]:
         return  # _section reports it, with the choices
     ppo = algorithm == Algorithm.PPO.value
-    if ppo and "advantage" in table:
-        raise UsageError("[grpo] advantage only applies to algorithm = 'grpo' (PPO's "
-                         "advantages come from GAE); remove advantage or set "
-                         "algorithm = 'grpo'")
+    if ppo:
+        for key in GRPO_ONLY:
+            if key in table:
+                raise UsageError(f"[grpo] {key} only applies to algorithm = 'grpo' (PPO's "
+                                 "advantages come from GAE, and its update takes no "
+                                 f"replayed answers); remove {key} or set "
+                                 "algorithm = 'grpo'")
     if not ppo:
         for key in PPO_ONLY:
             if key in table:

@@ -55,6 +55,7 @@ from trialbox.train.pipeline import (
 )
 from trialbox.train.model import build_model, load_model, resolve_device, save_model
 from trialbox.train.ppo import VALUE_HEAD_FILE, ValueHead, ppo_step
+from trialbox.train.replay import SuccessReplay
 from trialbox.train.runfiles import Checkpoint, MetricsLog
 from trialbox.train.sft import sft
 from trialbox.train.update import UpdateStats, policy_step
@@ -152,6 +153,7 @@ def step_record(got: StepBatch, upd: UpdateStats, *, t0: float, t_rollout: float
         "excluded": s.excluded, "episodes": s.episodes, "turns": s.turns,
         "trained_on": upd.trained_on, "loss": upd.loss, "kl": upd.kl,
         "clip_frac": upd.clip_frac, "grad_norm": upd.grad_norm,
+        "replayed": upd.replayed, "replay_nll": upd.replay_nll,
         "gen_s": s.gen_s, "env_wall_s": s.env_wall_s, "rollout_s": t_rollout,
         "update_s": t_update, "model_tokens": s.model_tokens,
         "episodes_per_s": s.episodes / elapsed, "tokens_per_s": s.model_tokens / elapsed,
@@ -272,7 +274,10 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             return copies.run_on_snapshot(model, lambda weights: sample_with(
                 HFPolicy(weights, tok, seed=run.seed * 1_000_003 + step)))
 
-        def update(trajs: list[Trajectory]) -> UpdateStats:
+        # self-imitation (`[grpo] replay`): judge-passed answers of earlier steps
+        replay = SuccessReplay(g.replay_capacity, seed=run.seed) if g.replay else None
+
+        def update(trajs: list[Trajectory], step: int) -> UpdateStats:
             """Rewards -> advantages -> update epochs (runs in a worker thread)."""
             values, valid = rewards_tensor([t.reward for t in trajs])
             if head is not None:  # PPO: per-token GAE advantages, inside ppo_step
@@ -282,9 +287,13 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             # (G, K): a task's K samples side by side
             adv = group_advantages(values.view(-1, g.group_size),
                                    valid.view(-1, g.group_size), g.advantage).view(-1)
-            return policy_step(model, opt, trajs, adv, valid, g, ref=ref,
-                               temperature=config.rollout.temperature,
-                               max_tokens=max_tokens, pad_id=tok.pad_id, device=device)
+            upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
+                              temperature=config.rollout.temperature,
+                              max_tokens=max_tokens, pad_id=tok.pad_id, device=device,
+                              replay=replay.sample(g.replay, step) if replay else None)
+            if replay is not None:
+                replay.add(trajs)  # after: a step replays only earlier steps' answers
+            return upd
 
         batches: Batches = AsyncBatches(
             launch, first=state["step"], steps=g.steps,
@@ -315,7 +324,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                         t1 = time.monotonic()
                         with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), \
                                 clock.busy():
-                            upd = await asyncio.to_thread(update, trajs)
+                            upd = await asyncio.to_thread(update, trajs, step)
                         t_update = time.monotonic() - t1
                 batches.publish(step + 1)  # async: launches batch step + 1 + K
 

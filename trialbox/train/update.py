@@ -67,6 +67,10 @@ class UpdateStats:
     """The loss was not finite: no parameter was changed."""
     value_loss: float = 0.0
     """PPO: the clipped value loss (aggregated like the policy loss); 0 for GRPO."""
+    replayed: int = 0
+    """Judge-passed answers of earlier steps imitated in this update (`replay.py`)."""
+    replay_nll: float = 0.0
+    """Their mean negative log-likelihood per output token, before the update."""
 
 
 def clip_fraction(logp: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor,
@@ -94,26 +98,37 @@ def clip_and_step(opt: torch.optim.Optimizer, params: Any, g: GRPOConfig,
 def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
                 adv: torch.Tensor, valid: torch.Tensor, g: GRPOConfig, *,
                 ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
-                pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
+                pad_id: int = 0, device: torch.device | None = None,
+                replay: list[Trajectory] | None = None) -> UpdateStats:
     """`g.epochs` optimizer steps on one round's trajectories: the clipped surrogate
     (plus `g.kl_coef` x k3 KL to `ref`), aggregated as `g.aggregation`, gradients
     accumulated over micro-batches of `g.micro_batch` so the result equals one big
     batch. A non-finite loss or gradient norm skips the step: its gradients are dropped
     and that epoch (and any later one) applies nothing.
-    `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on."""
+    `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on.
+    `replay`: judge-passed answers of earlier steps; `g.replay_coef` x their mean NLL
+    per output token is added to the loss (self-imitation, `replay.py`)."""
     device = device or torch.device("cpu")
     stats = UpdateStats()
     keep = [i for i in range(len(trajs)) if valid[i] and adv[i] != 0]
     stats.trained_on = len(keep)
-    if not keep:
+    replay = replay if replay and g.replay_coef > 0 else []
+    stats.replayed = len(replay)
+    if not keep and not replay:
         return stats
     model.train()
-    full_mask = batch_of([trajs[i] for i in keep], pad_id, device)["mask"]
+    full_mask = batch_of([trajs[i] for i in keep], pad_id, device)["mask"] if keep \
+        else torch.zeros(0)
     losses: list[float] = []
     kls: list[float] = []
     clipped: list[float] = []
+    nlls: list[float] = []
     for _ in range(g.epochs):
         opt.zero_grad(set_to_none=True)
+        if replay and not imitate(model, replay, g, nlls, temperature=temperature,
+                                  pad_id=pad_id, device=device):
+            stats.skipped = True
+            return stats
         for lo in range(0, len(keep), g.micro_batch):
             part = keep[lo:lo + g.micro_batch]
             mb = batch_of([trajs[i] for i in part], pad_id, device)
@@ -138,8 +153,28 @@ def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
             clipped.append(clip_fraction(logp, mb["logp_old"], mb["mask"], g))
         if not clip_and_step(opt, model.parameters(), g, stats):
             return stats
-    stats.loss = sum(losses) / len(losses)
+    stats.loss = sum(losses) / len(losses) if losses else 0.0
     stats.kl = sum(kls) / len(kls) if kls else 0.0
-    stats.clip_frac = sum(clipped) / len(clipped)
+    stats.clip_frac = sum(clipped) / len(clipped) if clipped else 0.0
+    stats.replay_nll = nlls[0] if nlls else 0.0
     return stats
+
+
+def imitate(model: Any, replay: list[Trajectory], g: GRPOConfig, nlls: list[float], *,
+            temperature: float, pad_id: int, device: torch.device) -> bool:
+    """Accumulate the gradient of `g.replay_coef` x the mean NLL per output token of the
+    replayed answers (micro-batched; each part weighted by its share of the tokens).
+    Appends the mean NLL to `nlls`; False (gradients dropped) when it is not finite."""
+    total = float(sum(sum(t.loss_mask) for t in replay))
+    nll_sum = 0.0
+    for lo in range(0, len(replay), g.micro_batch):
+        mb = batch_of(replay[lo:lo + g.micro_batch], pad_id, device)
+        logp = token_logprobs(model, mb["ids"], mb["attn"], temperature)
+        part = -(logp * mb["mask"]).sum()
+        if not is_finite(part):
+            return False
+        (g.replay_coef * part / max(1.0, total)).backward()  # type: ignore[no-untyped-call]
+        nll_sum += float(part.detach())
+    nlls.append(nll_sum / max(1.0, total))
+    return True
 
