@@ -186,3 +186,13 @@ def test_a_pool_without_the_judges_modules_preloaded_still_judges(runner):
     good, bad = runner.run(body())
     assert good.outcome is Outcome.PASSED, good.message
     assert bad.outcome is Outcome.FAILED, bad.message
+
+
+def test_a_solution_with_crlf_or_cr_newlines_loads_as_python_would_read_it(runner):
+    """The stub reads solution.py with plain syscalls and decodes it as UTF-8; newlines
+    are translated as a text-mode read (and `python3 solution.py`) would."""
+    task = TASKS["HumanEval/0"]
+    crlf = judge(runner, task.task_id, task.canonical_solution.replace("\n", "\r\n"))
+    assert crlf.outcome is Outcome.PASSED, crlf.message
+    bad = judge(runner, task.task_id, "    return '\udcff'\n")  # not UTF-8 once written
+    assert bad.outcome is Outcome.FAILED and "UnicodeDecodeError" in bad.message, bad.message
