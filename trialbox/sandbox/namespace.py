@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
-from trialbox.sandbox.pool import BASE_ENV, MOUNT_TARGETS, Cell, CellPool, FdReader
+from trialbox.sandbox.pool import BASE_ENV, Cell, CellPool, FdReader
 from trialbox.telemetry import traced_acquire, traced_exec
 from trialbox.types import ExecResult, ExecStatus, Limits
 
@@ -275,7 +275,7 @@ class NamespaceSandbox:
         cpu = math.ceil(limits.cpu_s * 2) + 5
         return {
             "mode": mode, "argv": list(argv), "path": path, "env": run_env, "cwd": cwd,
-            "op": "go", "uid": self.uid,
+            "uid": self.uid,
             "rlimits": {"RLIMIT_NOFILE": [limits.open_files, limits.open_files],
                         "RLIMIT_CPU": [cpu, cpu + 1],
                         "RLIMIT_CORE": [0, 0],
@@ -452,11 +452,9 @@ class _Run:
         self.readers = [FdReader(self.loop, out_r, cap, self._on_output),
                         FdReader(self.loop, err_r, cap, self._on_output)]
         self.t_go = time.monotonic()
-        spec, trees = self.spec, cell.trees
-        if trees:  # the session's first run in this cell: attach its workspace first
-            spec = {**spec, "mounts": MOUNT_TARGETS}
-        try:
-            cell.send(spec, fds + self.passed + trees)
+        trees = cell.trees
+        try:  # the session's first run in this cell: attach its workspace first (M)
+            cell.send(b"M" if trees else b"G", self.spec, fds + self.passed + trees)
         except (OSError, SandboxStartError) as e:
             self.kill_reason, self.kill_message = ExecStatus.INFRA, f"could not start: {e}"
             cell.kill()

@@ -395,13 +395,15 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     """B: pid 1 of one session's namespaces, alive as long as the session.
 
     B keeps the next candidate C forked and waiting on a private socket. Messages on the
-    session socket: per run `go` (+ stdin/stdout/stderr and the run's passed fds; the
-    session's first run also carries the workspace, /tmp and /dev/shm trees, attached
-    here before anything runs), forwarded to the waiting C, and `stop` (kill the run);
-    `reset` when the session closed. When C exits B kills every other process in the
-    namespace (kill(-1) from pid 1 spares only B), reaps them all, reports `X` + C's wait
-    status, and forks the next C. EOF on the session socket ends the session: B exits, and with
-    pid 1 gone the kernel tears the namespaces down.
+    session socket, each a tag byte that is all B reads (pool.Cell.send): per run `G`
+    + the run's spec as JSON (+ stdin/stdout/stderr and the run's passed fds), forwarded
+    to the waiting C, or `M` + spec when it is the session's first run in this cell (its
+    workspace, /tmp and /dev/shm trees come last among the fds, attached here before
+    anything runs); `S` (stop: kill the run); `R` (reset) when the session closed. When
+    C exits B kills every other process in the namespace (kill(-1) from pid 1 spares
+    only B), reaps them all, reports `X` + C's wait status, and forks the next C. EOF on
+    the session socket ends the session: B exits, and with pid 1 gone the kernel tears
+    the namespaces down.
     """
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     flags = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
@@ -420,11 +422,12 @@ def cell_init(msg, status_w, go_fd, cg_fds):
         raw, fds = recv_raw(session)
         if not raw:
             break
-        msg = json.loads(raw)
-        op = msg.get("op")
-        if op == "go":
-            targets = msg.get("mounts")
-            if targets:  # a new session's first run: attach its workspace trees first
+        # Only the tag byte: any JSON parsed here would write to pages B shares with the
+        # candidate it forked ahead (a copy-on-write fault each, ~60 a run).
+        op = raw[:1]
+        if op == b"G" or op == b"M":
+            if op == b"M":  # a new session's first run: attach its workspace trees first
+                targets = CONFIG["mounts"]
                 trees, fds = fds[len(fds) - len(targets):], fds[:len(fds) - len(targets)]
                 try:
                     for fd, target in zip(trees, targets, strict=True):
@@ -437,7 +440,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
             if child is None:
                 child = spawn_candidate(status_w, cg_fds, first=False)
             pid, pidfd, chan = child
-            socket.send_fds(chan, [raw], fds)  # C parses the spec itself
+            socket.send_fds(chan, [raw], fds)  # C parses the spec (after the tag) itself
             chan.close()
             for fd in fds:  # C has them now; the next C must not inherit our copies
                 os.close(fd)
@@ -451,7 +454,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
             child = None
             if not select.select([session], [], [], NEXT_RUN_GRACE_S)[0]:
                 child = spawn_candidate(status_w, cg_fds, first=False)
-        elif op == "reset":
+        elif op == b"R":
             # The session closed; make this cell as good as new for the next one: no
             # process, no workspace, a fresh IPC namespace (SysV objects and POSIX
             # message queues outlive their processes: they stay behind with the old
@@ -461,7 +464,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
                 chan.close()
                 os.close(pidfd)
             kill_everyone()
-            for target in reversed(msg["mounts"]):
+            for target in reversed(CONFIG["mounts"]):
                 libc.umount2(target.encode(), MNT_DETACH)
             renew_net = not net and not net_is_clean()
             _check(libc.unshare(CLONE_NEWIPC | (CLONE_NEWNET if renew_net else 0)),
@@ -499,13 +502,13 @@ def supervise(session, pid, pidfd):
     while status is None:
         ready, _, _ = select.select([session, pidfd], [], [], 0.1)
         if session in ready and not stopped:
-            msg, fds = recv_msg(session)
+            raw, fds = recv_raw(session)
             for fd in fds:
                 os.close(fd)
-            if msg is None:
+            if not raw:
                 kill_everyone()
                 _exit(0)
-            if msg.get("op") == "stop":
+            if raw == b"S":
                 stopped = True
                 try:  # C is reaped below, with its status
                     os.kill(-1, signal.SIGKILL)
@@ -545,9 +548,10 @@ def candidate(status_w, chan, cg_fds, first):
         os.write(fd, b"0")  # "0" moves the writer into the cgroup
     if first:
         report(status_w, b"R")
-    spec, fds = recv_msg(chan)
-    if spec is None:
+    raw, fds = recv_raw(chan)
+    if not raw:
         _exit(0)  # the session ended before this run
+    spec = json.loads(raw[1:])  # after B's tag byte
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh interpreter has it
     chan.close()
     status_w = place_fds(fds, spec.get("fds", []), status_w)
