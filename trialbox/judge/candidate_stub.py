@@ -94,7 +94,7 @@ def _frame(obj):
             and -_SAFE_INT <= obj[0] <= _SAFE_INT and type(obj[1]) is str:
         v, t = obj[2], type(obj[2])
         if v is None or t is bool or t is str and len(v) <= SHORT_STR:
-            text = _dumps(v) if t is str else "null" if v is None else ("false", "true")[v]
+            text = _dumps(v) if t is str else "null" if v is None else str(v).lower()
         elif t is int and -_SAFE_INT <= v <= _SAFE_INT or t is float and math.isfinite(v):
             text = repr(v)
         else:

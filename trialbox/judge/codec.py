@@ -83,7 +83,7 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
         if size > max_size:
             raise _Bad(f"encoding exceeds max_size={max_size} bytes")
         if v is None or type(v) is bool or type(v) is str:
-            return _dumps(v) if type(v) is str else "null" if v is None else ("false", "true")[v]
+            return _dumps(v) if type(v) is str else "null" if v is None else str(v).lower()
         if type(v) is int:  # big ints in hex: str() refuses more than 4300 digits
             return repr(v) if -_SAFE_INT <= v <= _SAFE_INT else _tag("int", f'"{v:x}"')
         if type(v) is float:
