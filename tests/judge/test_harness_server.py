@@ -223,3 +223,25 @@ def test_dict_version_tags_are_read_where_the_sandbox_runtime_has_them():
     before = view.value
     d["k"] = 2
     assert view.value != before
+
+
+def test_jobs_and_reports_on_both_sides_of_the_inline_limit(runner):
+    """Requests and reports up to the inline limit (60,000) travel on the control
+    socket, received whole (its receive size is 64 KiB); larger ones go through a
+    workspace file. Just under and just over it, every grade is right."""
+    from trialbox.judge.function import _INLINE_MAX
+
+    def padded(size: int) -> Task:  # a job whose request is about `size` bytes
+        return task("assert candidate(2, 3) == 5", setup="PAD = %r\n" % ("p" * size))
+
+    def noisy(n: int) -> Task:  # n failing tests, each with a ~900-character message
+        return task(*[f"assert candidate(1, 1) == 3, 'm' * 900 + '{i}'" for i in range(n)])
+
+    grades = judge_in_turn(runner, FAST,
+                           (padded(_INLINE_MAX - 1_500), GOOD), (padded(_INLINE_MAX + 5_000), GOOD),
+                           (noisy(60), GOOD), (noisy(70), GOOD), (padded(10), GOOD))
+    assert [g.outcome for g in grades] == [Outcome.PASSED, Outcome.PASSED, Outcome.FAILED,
+                                           Outcome.FAILED, Outcome.PASSED], grades
+    assert len(grades[2].tests) == 60 and len(grades[3].tests) == 70
+    assert all(not t.passed and t.message.startswith("assertion failed: mmm")
+               for g in grades[2:4] for t in g.tests)
