@@ -300,3 +300,40 @@ def test_a_judge_infrastructure_failure_is_excluded(runner, monkeypatch, how):
                               pool=runner.pool, leaser=leaser_on(runner.pool))).trajectories
     assert tr.reward is None and tr.stop_reason == "infra" and len(tr.turns) == 1
     assert tr.turns[0].outcome is Outcome.INFRA and tr.turns[0].feedback_text == ""
+
+
+def test_a_batch_goes_out_in_episode_order_not_in_arrival_order():
+    """The batcher sends the waiting prompts in the episodes' order, whatever order their
+    judgements came back in: a sampler drawing for the rows from one random stream then
+    gives each episode the same draws on every run."""
+    import asyncio
+
+    from trialbox.rollout.agent import RolloutStats, _Batcher
+    from trialbox.rollout.policy import Generation
+
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        async def generate(self, prompts, *, max_new_tokens, temperature=1.0, stop=None):
+            self.calls.append([p[0] for p in prompts])
+            return [Generation(str(p[0]), (p[0],), (0.0,)) for p in prompts]
+
+    async def scenario(arrivals):
+        rec = Recorder()
+        batcher = _Batcher(rec, AgentConfig(), live=len(arrivals), stats=RolloutStats())
+        runner = asyncio.ensure_future(batcher.run())
+        waits = []
+        for order in arrivals:  # episode `order` asks with a context naming itself
+            waits.append(asyncio.ensure_future(batcher.generate([order], order)))
+            await asyncio.sleep(0)
+        got = await asyncio.gather(*waits)
+        for _ in arrivals:
+            batcher.finished()
+        await runner
+        return rec.calls, [g.text for g, _ in got]
+
+    calls, texts = asyncio.run(scenario([2, 0, 3, 1]))
+    assert calls == [[0, 1, 2, 3]]                   # one call, in episode order
+    assert texts == ["2", "0", "3", "1"]             # each episode got its own row
+    assert asyncio.run(scenario([1, 3, 0, 2]))[0] == [[0, 1, 2, 3]]

@@ -189,19 +189,25 @@ class _Batcher:
     """Collects the prompts of episodes waiting on the model and sends them in one
     `generate` call: when every live episode is waiting (default), when `max_batch`
     prompts wait, or `batch_wait_s` after the first one arrived. Calls never overlap
-    (a local model has one device; a server batches on its side anyway)."""
+    (a local model has one device; a server batches on its side anyway).
+
+    A batch goes out in the episodes' own order (their index in the rollout), not in the
+    order their judgements came back: a sampler that draws for the batch's rows from one
+    random stream then gives each episode the same draws whatever the sandboxes' timing,
+    so with the default batching a seeded run repeats itself exactly."""
 
     def __init__(self, policy: Policy, cfg: AgentConfig, live: int, stats: RolloutStats):
         self.policy, self.cfg, self.live, self.stats = policy, cfg, live, stats
         self.waiting: list[tuple[list[int], float, asyncio.Future[tuple[Generation,
-                                                                         float]]]] = []
+                                                                         float]], int]] = []
         self._wake = asyncio.Event()
 
-    async def generate(self, context: list[int]) -> tuple[Generation, float]:
-        """This episode's next generation and the wall time of the call it rode in."""
+    async def generate(self, context: list[int], order: int = 0) -> tuple[Generation, float]:
+        """This episode's next generation and the wall time of the call it rode in;
+        `order`: the episode's place in its batch (see the class docstring)."""
         fut: asyncio.Future[tuple[Generation, float]] = \
             asyncio.get_running_loop().create_future()
-        self.waiting.append((context, time.monotonic(), fut))
+        self.waiting.append((context, time.monotonic(), fut, order))
         self._wake.set()
         return await fut
 
@@ -236,11 +242,12 @@ class _Batcher:
         n = len(self.waiting) if self.cfg.max_batch is None \
             else min(len(self.waiting), self.cfg.max_batch)
         batch, self.waiting = self.waiting[:n], self.waiting[n:]
+        batch.sort(key=lambda w: w[3])  # episode order, not arrival order
         t0 = time.monotonic()
         try:
             with telemetry.model_output(**{"batch.size": n}) as sp:
                 gens = await self.policy.generate(
-                    [ctx for ctx, _, _ in batch], max_new_tokens=self.cfg.max_new_tokens,
+                    [ctx for ctx, _, _, _ in batch], max_new_tokens=self.cfg.max_new_tokens,
                     temperature=self.cfg.temperature, stop=list(self.cfg.stop) or None)
                 if len(gens) != len(batch):
                     raise InfraError(f"the policy returned {len(gens)} generations for "
@@ -248,7 +255,7 @@ class _Batcher:
                 if sp is not None:
                     sp.set_attribute("tokens", sum(len(g.token_ids) for g in gens))
         except BaseException as e:
-            for _, _, fut in batch:
+            for _, _, fut, _ in batch:
                 if not fut.done():
                     fut.set_exception(e)
             if not isinstance(e, Exception):
@@ -258,7 +265,7 @@ class _Batcher:
         self.stats.gen_calls += 1
         self.stats.batch_sizes.append(n)
         self.stats.gen_s += dt
-        for (_, _, fut), gen in zip(batch, gens, strict=True):
+        for (_, _, fut, _), gen in zip(batch, gens, strict=True):
             if not fut.done():
                 fut.set_result((gen, dt))
 
@@ -381,11 +388,11 @@ async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
 
 
 async def _episode(env: _Env, task: Task, prompt_ids: tuple[int, ...], episode_id: str,
-                   group_id: str) -> Trajectory:
+                   group_id: str, order: int = 0) -> Trajectory:
     """One episode under an `episode` span (its sandbox and judge spans nest under it;
     the batched `model.generate` spans belong to the rollout, not to one episode)."""
     with telemetry.episode(episode_id, **{"task.id": task.task_id}) as sp:
-        tr = await _episode_body(env, task, prompt_ids, episode_id, group_id)
+        tr = await _episode_body(env, task, prompt_ids, episode_id, group_id, order)
         if sp is not None:
             sp.set_attribute("episode.turns", len(tr.turns))
             sp.set_attribute("episode.stop", tr.stop_reason)
@@ -396,7 +403,7 @@ async def _episode(env: _Env, task: Task, prompt_ids: tuple[int, ...], episode_i
 
 
 async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
-                        episode_id: str, group_id: str) -> Trajectory:
+                        episode_id: str, group_id: str, order: int = 0) -> Trajectory:
     cfg, tok = env.cfg, env.policy.tokenizer
     context = list(prompt_ids)
     turns: list[Turn] = []
@@ -408,7 +415,7 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
             if room < 1:
                 stop_reason = "context"
                 break
-            gen, gen_s = await env.batcher.generate(context)
+            gen, gen_s = await env.batcher.generate(context, order)
             gen = _fit(gen, room, tok.decode)
             context += gen.token_ids
             code, code_from = extract_code(gen.text)
@@ -548,7 +555,7 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
     try:
         results = await asyncio.gather(*(
             _episode(env, task, prompts[i], f"{task.task_id}/{tag}/{i}/{j}",
-                     f"{task.task_id}/{tag}/{i}")
+                     f"{task.task_id}/{tag}/{i}", order=i * group_size + j)
             for i, task in enumerate(tasks) for j in range(group_size)),
             return_exceptions=True)
     finally:
