@@ -17,9 +17,9 @@ T = TypeVar("T")
 
 
 class Runner:
-    def __init__(self) -> None:
+    def __init__(self, config: PoolConfig | None = None) -> None:
         self.loop = asyncio.new_event_loop()
-        self.pool: CellPool = self.run(CellPool(PoolConfig(warm=2)).start())
+        self.pool: CellPool = self.run(CellPool(config or PoolConfig(warm=2)).start())
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
         return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from trialbox.sandbox import NamespaceSandbox, run_code
+from trialbox.sandbox import NamespaceSandbox, PoolConfig, run_code
 from trialbox.types import ExecResult, ExecStatus, Limits
+from tests.conftest import Runner
 
 KiB = 1024
 FAST = Limits(wall_s=3, cpu_s=3, memory_mb=128, disk_mb=32, output_bytes=64 * KiB)
@@ -28,6 +29,16 @@ def limits(**changes: Any) -> Limits:
 
 
 RunOne = Callable[..., ExecResult]
+
+
+@pytest.fixture(scope="session", params=["native", "python"])
+def runner(request: pytest.FixtureRequest) -> Iterator[Runner]:
+    """Every test of this suite runs on both implementations of a cell's hot path: C
+    (cell.c, what pools use wherever gcc is) and the zygote's Python (the fallback)."""
+    r = Runner(PoolConfig(warm=2, native="on" if request.param == "native" else "off"))
+    assert r.pool.native is (request.param == "native")
+    yield r
+    r.close()
 
 
 @pytest.fixture

@@ -93,6 +93,10 @@ ZYGOTE_PID = os.getpid()
 PIDNS_FD = -1  # our own pid namespace, to return to after each cell's fork
 SECCOMP_PROG = None  # (buffer, sock_fprog) kept alive for the process's life
 CELLS: dict = {}  # cell id -> pid of A
+NATIVE = None  # cell.c's hot path (B's loop, C's set-up), when the pool built it
+NATIVE_BUF = 0  # address of its message buffer
+TB_CHILD, TB_RESET, TB_EOF = 1, 2, 3  # tb_cell's returns
+R_STATUS, R_OFF, R_LEN, R_ERRNO, R_STEP = range(5)  # its results
 
 
 class SockFprog(ctypes.Structure):
@@ -179,6 +183,7 @@ def serve(ctl):
     buf = ctypes.create_string_buffer(prog, len(prog))
     SECCOMP_PROG = (buf, SockFprog(len(prog) // 8, ctypes.addressof(buf)))
     signal.signal(signal.SIGCHLD, reap)
+    load_native(CONFIG.get("native"))
     prewarm(CONFIG.get("preload", ()), CONFIG.get("preload_sources", ()))
     # Pre-fork server discipline: freeze every object that exists now into the permanent
     # generation and keep the collector off, so no collection in a forked child walks
@@ -191,7 +196,7 @@ def serve(ctl):
     gc.collect()
     gc.freeze()
     libc.malloc_trim(0)
-    ctl.sendmsg([json.dumps({"op": "hello", "pid": os.getpid(),
+    ctl.sendmsg([json.dumps({"op": "hello", "pid": os.getpid(), "native": NATIVE is not None,
                              "python": sys.version.split()[0]}).encode()])
     while True:
         msg, fds = recv_msg(ctl)
@@ -236,6 +241,25 @@ while False:
 lambda x: (yield x)
 print(f"{1:>3} {'s'!r}", end="")
 """
+
+
+def load_native(path):
+    """Load cell.c's shared object (built by the pool; None: the Python path below)."""
+    global NATIVE, NATIVE_BUF
+    if not path:
+        return
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:  # the pool falls back to Python, or fails if it asked for C
+        sys.stderr.write("zygote: cannot load %s: %s\n" % (path, e))
+        sys.stderr.flush()
+        return
+    lib.tb_cell.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.tb_cell.restype = ctypes.c_int
+    lib.tb_buffer.restype = ctypes.c_void_p
+    lib.tb_step.argtypes = [ctypes.c_long]
+    lib.tb_step.restype = ctypes.c_char_p
+    NATIVE, NATIVE_BUF = lib, lib.tb_buffer()
 
 
 def prewarm(modules, sources=()):
@@ -416,6 +440,8 @@ def cell_init(msg, status_w, go_fd, cg_fds):
         signal.signal(sig, signal.SIG_DFL)
     net = bool(msg.get("net"))
     build_root(net)
+    if NATIVE is not None:
+        cell_loop_native(status_w, go_fd, cg_fds, net)
     session = socket.socket(fileno=go_fd)
     child = spawn_candidate(status_w, cg_fds, first=True)
     while True:
@@ -463,17 +489,59 @@ def cell_init(msg, status_w, go_fd, cg_fds):
                 pid, pidfd, chan = child
                 chan.close()
                 os.close(pidfd)
-            kill_everyone()
-            for target in reversed(CONFIG["mounts"]):
-                libc.umount2(target.encode(), MNT_DETACH)
-            renew_net = not net and not net_is_clean()
-            _check(libc.unshare(CLONE_NEWIPC | (CLONE_NEWNET if renew_net else 0)),
-                   "unshare")
-            if renew_net:
-                loopback_up()
+            reset_cell(net)
             child = spawn_candidate(status_w, cg_fds, first=True)
         for fd in fds:
             os.close(fd)
+    kill_everyone()
+    _exit(0)
+
+
+def reset_cell(net):
+    """After a session: no process, no workspace, a fresh IPC namespace (SysV objects
+    and POSIX message queues outlive their processes: they stay behind with the old
+    one), and a fresh network namespace if the last one kept any state."""
+    kill_everyone()
+    for target in reversed(CONFIG["mounts"]):
+        libc.umount2(target.encode(), MNT_DETACH)
+    renew_net = not net and not net_is_clean()
+    _check(libc.unshare(CLONE_NEWIPC | (CLONE_NEWNET if renew_net else 0)), "unshare")
+    if renew_net:
+        loopback_up()
+
+
+def cell_loop_native(status_w, go_fd, cg_fds, net):
+    """B's loop in C (cell.c `tb_cell`): it forwards each go, supervises the run,
+    reports its status and forks the next C, and hands back only a reset or the end.
+    A C it forks returns here too, set up and isolated, and runs its program."""
+    names = ctypes.create_string_buffer(
+        b"".join(t.encode() + b"\0" for t in CONFIG["mounts"]))
+    cfg = (ctypes.c_long * (6 + len(cg_fds)))(
+        go_fd, status_w, ctypes.addressof(SECCOMP_PROG[1]), ctypes.addressof(names),
+        len(CONFIG["mounts"]), len(cg_fds), *cg_fds)
+    res = (ctypes.c_long * 8)()
+    while True:
+        r = NATIVE.tb_cell(cfg, res)
+        if r == TB_CHILD:  # this process is the new C
+            status_w = res[R_STATUS]
+            try:
+                mode, path, argv, env = decode_program(
+                    ctypes.string_at(NATIVE_BUF + res[R_OFF], res[R_LEN]))
+                rng = sys.modules.get("random")  # what os.fork's at-fork hook does
+                if rng is not None:
+                    rng.seed()
+                start_program(status_w, mode, path, argv, env)  # does not return
+            except BaseException as e:
+                report_error(status_w, "cell setup (C): %r" % (e,))
+                _exit(70)
+        if r == TB_RESET:
+            reset_cell(net)
+        elif r == TB_EOF:
+            break
+        else:
+            e = res[R_ERRNO]
+            raise OSError(e, "%s: %s" % (NATIVE.tb_step(res[R_STEP]).decode(),
+                                         os.strerror(e)))
     kill_everyone()
     _exit(0)
 
@@ -551,33 +619,75 @@ def candidate(status_w, chan, cg_fds, first):
     raw, fds = recv_raw(chan)
     if not raw:
         _exit(0)  # the session ended before this run
-    spec = json.loads(raw[1:])  # after B's tag byte
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh interpreter has it
+    try:
+        uid, rlimits, targets, cwd, rest = decode_spec(raw)
+    except (struct.error, ValueError, IndexError) as e:
+        raise ValueError("spec: %s" % e) from None
     chan.close()
-    status_w = place_fds(fds, spec.get("fds", []), status_w)
-    drop_privileges(spec["uid"])
-    set_rlimits(spec["rlimits"])
+    status_w = place_fds(fds, targets, status_w)
+    drop_privileges(uid)
+    for res, soft, hard in rlimits:
+        resource.setrlimit(res, (soft, hard))
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+    os.chdir(cwd)
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                      ctypes.addressof(SECCOMP_PROG[1]), 0, 0), "seccomp")
+    start_program(status_w, *decode_program(rest))
+
+
+def decode_spec(raw):
+    """A go's spec (pool.encode_spec), after B's tag byte: the isolation part (uid,
+    rlimits, fd targets, cwd) and the program part's bytes (decode_program)."""
+    uid, n = struct.unpack_from("<IB", raw, 1)
+    at = 6
+    rlimits = []
+    for _ in range(n):
+        res, soft, hard = struct.unpack_from("<BQQ", raw, at)
+        inf = resource.RLIM_INFINITY
+        rlimits.append((res, inf if soft == (1 << 64) - 1 else soft,
+                        inf if hard == (1 << 64) - 1 else hard))
+        at += 17
+    m = raw[at]
+    targets = list(raw[at + 1:at + 1 + m])
+    at += 1 + m
+    (k,) = struct.unpack_from("<H", raw, at)
+    if len(raw) < at + 2 + k:
+        raise ValueError("truncated spec")
+    cwd = raw[at + 2:at + 2 + k].decode("utf-8", "surrogateescape")
+    return uid, rlimits, targets, cwd, raw[at + 2 + k:]
+
+
+def decode_program(raw):
+    """The program part of a spec: mode, path, argc, argv..., then `=` for the pool's
+    own environment or its KEY=VALUE items, NUL-separated (pool.encode_spec)."""
+    parts = raw.split(b"\0")
+    argc = int(parts[2])
+    text = [p.decode("utf-8", "surrogatepass") for p in parts]
+    env = text[3 + argc:]
+    env = None if env == ["="] else dict(kv.split("=", 1) for kv in env)
+    return text[0], text[1], text[3:3 + argc], env
+
+
+def start_program(status_w, mode, path, argv, env):
+    """C, isolated: put the interpreter as a fresh one has it, say `S`, run."""
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh interpreter has it
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.chdir(spec["cwd"])
-    env = spec["env"]
-    if env != ENVIRON:
+    if env is None:
+        env = ENVIRON
+    elif env != ENVIRON:
         set_environ(env)
-    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
-                      ctypes.addressof(SECCOMP_PROG[1]), 0, 0), "seccomp")
     gc.enable()
     report(status_w, b"S")
     os.close(status_w)
     # From here on everything is the candidate's.
-    if spec["mode"] == "python":
-        run_python(spec)
-    argv = spec["argv"]
+    if mode == "python":
+        run_python(argv)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; programs don't
         signal.signal(sig, signal.SIG_DFL)
     try:
-        os.execve(spec["path"], argv, env)
+        os.execve(path, argv, env)
     except OSError as e:
         os.write(2, ("trialbox: cannot execute %s: %s\n" % (argv[0], e.strerror)).encode())
         _exit(127 if e.errno == errno.ENOENT else 126)
@@ -620,15 +730,8 @@ def set_environ(env):
     ENVIRON = dict(env)
 
 
-def set_rlimits(limits):
-    for name, value in limits.items():
-        res = getattr(resource, name)
-        resource.setrlimit(res, (value[0], value[1]))
-
-
-def run_python(spec):
+def run_python(argv):
     """Run a script as `python3 SCRIPT ARGS…` (or `-c CODE`) would, in this interpreter."""
-    argv = spec["argv"]
     if argv[1] == "-c":
         source, filename, sys.argv = argv[2], "<string>", ["-c"] + argv[3:]
         path0 = ""
