@@ -45,6 +45,7 @@ import os
 import resource
 import select
 import signal
+import _signal
 import socket
 import struct
 import sys
@@ -80,6 +81,7 @@ SECCOMP_MODE_FILTER = 2
 SYS_PIVOT_ROOT, SYS_CAPSET, SYS_MOVE_MOUNT = 155, 126, 429
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 AT_FDCWD = -100
+SIGINT = int(signal.SIGINT)
 MAX_FDS = 3 + 61 + 3  # stdio, pass_fds targets 3..63, a session's three mount trees
 INNER_UID = 1000
 NEXT_RUN_GRACE_S = 0.01
@@ -94,7 +96,8 @@ PIDNS_FD = -1  # our own pid namespace, to return to after each cell's fork
 SECCOMP_PROG = None  # (buffer, sock_fprog) kept alive for the process's life
 CELLS: dict = {}  # cell id -> pid of A
 NATIVE = None  # cell.c's hot path (B's loop, C's set-up), when the pool built it
-NATIVE_BUF = 0  # address of its message buffer
+NATIVE_BUF = None  # its message buffer, as a memoryview
+NATIVE_BUF_SIZE = 1 << 20  # cell.c BUF_SIZE
 TB_CHILD, TB_RESET, TB_EOF = 1, 2, 3  # tb_cell's returns
 R_STATUS, R_OFF, R_LEN, R_ERRNO, R_STEP = range(5)  # its results
 
@@ -259,7 +262,8 @@ def load_native(path):
     lib.tb_buffer.restype = ctypes.c_void_p
     lib.tb_step.argtypes = [ctypes.c_long]
     lib.tb_step.restype = ctypes.c_char_p
-    NATIVE, NATIVE_BUF = lib, lib.tb_buffer()
+    NATIVE = lib
+    NATIVE_BUF = memoryview((ctypes.c_char * NATIVE_BUF_SIZE).from_address(lib.tb_buffer()))
 
 
 def prewarm(modules, sources=()):
@@ -436,8 +440,12 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     _check(libc.unshare(flags), "unshare")
     # pid 1 ignores signals it has no handler for; drop Python's SIGINT handler so a
     # candidate cannot raise KeyboardInterrupt in the init that reports its status.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # The candidates it forks inherit these dispositions as a fresh interpreter has
+    # them (SIGPIPE ignored, SIGCHLD/TERM/HUP default; `start_program` relies on it and
+    # sets only SIGINT, whose Python handler B must not have).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     net = bool(msg.get("net"))
     build_root(net)
     if NATIVE is not None:
@@ -519,14 +527,16 @@ def cell_loop_native(status_w, go_fd, cg_fds, net):
     cfg = (ctypes.c_long * (6 + len(cg_fds)))(
         go_fd, status_w, ctypes.addressof(SECCOMP_PROG[1]), ctypes.addressof(names),
         len(CONFIG["mounts"]), len(cg_fds), *cg_fds)
-    res = (ctypes.c_long * 8)()
+    results = (ctypes.c_long * 8)()
+    # read through memoryviews: a fresh C touches far fewer objects than with ctypes
+    res = memoryview(results).cast("B").cast("l")
     while True:
-        r = NATIVE.tb_cell(cfg, res)
+        r = NATIVE.tb_cell(cfg, results)
         if r == TB_CHILD:  # this process is the new C
             status_w = res[R_STATUS]
             try:
                 mode, path, argv, env = decode_program(
-                    ctypes.string_at(NATIVE_BUF + res[R_OFF], res[R_LEN]))
+                    NATIVE_BUF[res[R_OFF]:res[R_OFF] + res[R_LEN]].tobytes())
                 rng = sys.modules.get("random")  # what os.fork's at-fork hook does
                 if rng is not None:
                     rng.seed()
@@ -659,21 +669,25 @@ def decode_spec(raw):
 
 def decode_program(raw):
     """The program part of a spec: mode, path, argc, argv..., then `=` for the pool's
-    own environment or its KEY=VALUE items, NUL-separated (pool.encode_spec)."""
-    parts = raw.split(b"\0")
-    argc = int(parts[2])
-    text = [p.decode("utf-8", "surrogatepass") for p in parts]
-    env = text[3 + argc:]
-    env = None if env == ["="] else dict(kv.split("=", 1) for kv in env)
+    own environment or its KEY=VALUE items, NUL-separated (pool.encode_spec). One
+    decode and no comprehension (each makes a function object): in a freshly forked
+    candidate every object touched costs."""
+    text = raw.decode("utf-8", "surrogatepass").split("\0")
+    argc = int(text[2])
+    env = None
+    if len(text) != 4 + argc or text[3 + argc] != "=":
+        env = {}
+        for kv in text[3 + argc:]:
+            k, _, v = kv.partition("=")
+            env[k] = v
     return text[0], text[1], text[3:3 + argc], env
 
 
 def start_program(status_w, mode, path, argv, env):
     """C, isolated: put the interpreter as a fresh one has it, say `S`, run."""
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as a fresh interpreter has it
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGPIPE ignored and SIGCHLD/TERM/HUP default came from B (cell_init). _signal,
+    # not signal: the latter's enum conversions cost ~40 copy-on-write faults here.
+    _signal.signal(SIGINT, _signal.default_int_handler)
     if env is None:
         env = ENVIRON
     elif env != ENVIRON:
