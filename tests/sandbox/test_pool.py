@@ -11,6 +11,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from tests.sandbox.conftest import processes_in_cgroup
 from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig
 from trialbox.sandbox.mounts import mounts_under
@@ -175,7 +177,8 @@ def test_orphans_of_a_killed_pool_are_reaped(tmp_path):
     assert not alive, alive
 
 
-def test_a_reset_keeps_a_network_namespace_only_when_it_holds_nothing():
+@pytest.mark.parametrize("native", ["on", "off"])
+def test_a_reset_keeps_a_network_namespace_only_when_it_holds_nothing(native: str) -> None:
     """Creating a network namespace costs ~3 ms of kernel CPU, so a reset keeps the old
     one when no TCP socket (TIME_WAIT included) is left in it, and makes a new one
     otherwise; the IPC namespace is always new."""
@@ -187,15 +190,16 @@ def test_a_reset_keeps_a_network_namespace_only_when_it_holds_nothing():
     async def session(pool, *codes):
         async with await NamespaceSandbox.open(pool, FAST) as sb:
             out = [await sb.exec(["python3", "-c", code]) for code in codes]
+            assert all(r.status is ExecStatus.OK for r in out), out
             return [r.stdout.decode().split() for r in out], sb.cell
 
     async def body():
-        pool = await CellPool(PoolConfig(warm=1, max_warm=1)).start()
+        pool = await CellPool(PoolConfig(warm=1, max_warm=1, native=native)).start()
         try:
             (a,), cell = await session(pool, probe)
             (b,), cell_b = await session(pool, probe)            # no TCP in between
             (c, _), cell_c = await session(pool, probe, tcp)     # leaves TIME_WAIT
-            (d,), cell_d = await session(pool, probe)
+            (d, _), cell_d = await session(pool, probe, tcp)     # a new one, loopback up
             assert cell is cell_b is cell_c is cell_d, "expected one recycled cell"
             return a, b, c, d
         finally:
@@ -206,7 +210,8 @@ def test_a_reset_keeps_a_network_namespace_only_when_it_holds_nothing():
     assert d[0] != c[0] and d[1] != c[1], (c, d)   # TCP state left: both new
 
 
-def test_a_recycled_cell_carries_nothing_to_the_next_session():
+@pytest.mark.parametrize("native", ["on", "off"])
+def test_a_recycled_cell_carries_nothing_to_the_next_session(native: str) -> None:
     """A session that closes cleanly hands its cell back, reset: the next session on the
     same cell finds no process, no file, no SysV IPC object and no socket of the last."""
     leave_behind = textwrap.dedent("""
@@ -233,7 +238,7 @@ def test_a_recycled_cell_carries_nothing_to_the_next_session():
     """)
 
     async def body():
-        pool = await CellPool(PoolConfig(warm=1, max_warm=1)).start()
+        pool = await CellPool(PoolConfig(warm=1, max_warm=1, native=native)).start()
         try:
             async with await NamespaceSandbox.open(pool, FAST) as a:
                 r1 = await a.exec(["python3", "-c", leave_behind])

@@ -12,22 +12,25 @@
  * Built by trialbox.sandbox.native (gcc, cached) and loaded by the zygote with ctypes.
  * libc only. The message formats are pool.Cell.send's and pool.encode_spec's.
  *
- * tb_cell(cfg, res) runs B's loop until a message it leaves to Python. It
- * returns in two processes: in B with TB_RESET (an `R`: Python resets the cell and
- * calls again), TB_EOF (the session socket closed) or -1 (res says what
- * failed); in a freshly forked C, set up and isolated, with TB_CHILD (res[R_STATUS],
- * res[R_OFF], res[R_LEN]: the status pipe, and where the spec's Python part lies in
- * tb_buffer()). A C whose set-up fails reports `E` and exits 70 here.
+ * tb_cell(cfg, res) is B's life after its root is built: runs, resets, runs... It
+ * returns in two processes: in B with TB_EOF (the session socket closed) or -1 (res
+ * says what failed); in a freshly forked C, set up and isolated, with TB_CHILD
+ * (res[R_STATUS], res[R_OFF], res[R_LEN]: the status pipe, and where the spec's
+ * program part lies in tb_buffer()). A C whose set-up fails reports `E` and exits 70
+ * here.
  *
- * cfg (longs): [0] the session socket, [1] the status pipe, [2] &sock_fprog (seccomp),
- *   [3] the mount targets, NUL-separated, [4] how many, [5] number of cgroup fds,
- *   [6..] the cgroup.procs fds.
+ * cfg (longs, see C_*): the session socket, the status pipe, &sock_fprog (seccomp), the
+ *   mount targets (NUL-separated) and how many, whether the cell has the host's
+ *   network, the number of cgroup.procs fds, then those fds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/capability.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -47,19 +50,20 @@
 #define BUF_SIZE (1 << 20)  /* zygote.recv_raw's limit */
 #define NEXT_RUN_GRACE_MS 10
 
-enum { TB_CHILD = 1, TB_RESET = 2, TB_EOF = 3 };
+enum { TB_CHILD = 1, TB_EOF = 3 };
+enum { C_SESSION, C_STATUS, C_FPROG, C_TARGETS, C_NTARGETS, C_NET, C_NCG, C_CG };
 enum { R_STATUS, R_OFF, R_LEN, R_ERRNO, R_STEP, R_PID, R_PIDFD, R_CHAN, R_SIZE };
 
 static const char *const STEPS[] = {
     "", "join cgroup", "receive go", "spec", "place fds", "setgroups", "setresgid",
     "setresuid", "dumpable", "unshare user", "uid/gid maps", "capset", "setrlimit",
     "no_new_privs", "chdir", "seccomp", "pdeathsig", "socketpair", "fork", "pidfd_open",
-    "receive", "move_mount", "forward go", "wait", "report",
+    "receive", "move_mount", "forward go", "wait", "report", "unshare", "loopback up",
 };
 enum { S_CGROUP = 1, S_RECV_GO, S_SPEC, S_FDS, S_SETGROUPS, S_SETGID, S_SETUID,
        S_DUMPABLE, S_USERNS, S_MAPS, S_CAPSET, S_RLIMIT, S_NNP, S_CHDIR, S_SECCOMP,
        S_PDEATHSIG, S_SOCKETPAIR, S_FORK, S_PIDFD, S_RECV, S_MOVE_MOUNT, S_FORWARD,
-       S_WAIT, S_REPORT };
+       S_WAIT, S_REPORT, S_UNSHARE, S_LOOPBACK };
 
 /* One message at a time: B receives into it, forwards, and zeroes what it received
  * (a candidate forked later must not find an earlier run's spec in its copy); C
@@ -175,14 +179,14 @@ static ssize_t receive(int sock, unsigned char *buf, size_t cap, int *fds, int *
 /* C, forked ahead: join the cell's cgroups, wait for the go, isolate. 1 when set up,
  * 0 when the session ended before its go, -1 on failure. */
 static int enter(const long *cfg, long *res, int chan, int first) {
-    int status_w = (int)cfg[1];
-    int ncg = (int)cfg[5];
+    int status_w = (int)cfg[C_STATUS];
+    int ncg = (int)cfg[C_NCG];
     res[R_STATUS] = status_w;
 
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         return fail(res, S_PDEATHSIG);
     for (int i = 0; i < ncg; i++)  /* "0" moves the writer into the cgroup */
-        if (write((int)cfg[6 + i], "0", 1) != 1)
+        if (write((int)cfg[C_CG + i], "0", 1) != 1)
             return fail(res, S_CGROUP);
     if (first)
         put(status_w, "R", 1);
@@ -293,7 +297,7 @@ static int enter(const long *cfg, long *res, int chan, int first) {
         return fail(res, S_NNP);
     if (chdir(cwd) < 0)
         return fail(res, S_CHDIR);
-    if (prctl(PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, (void *)cfg[2], 0, 0) < 0)
+    if (prctl(PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, (void *)cfg[C_FPROG], 0, 0) < 0)
         return fail(res, S_SECCOMP);
     return 1;
 }
@@ -384,10 +388,125 @@ static int supervise(int session, pid_t pid, int pidfd, long *res, int *status) 
     return 0;
 }
 
+/* A /proc file, NUL-terminated, in buf; its length, or -1. */
+static ssize_t read_proc(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            close(fd);
+            if (n < 0)
+                return -1;
+            buf[len] = 0;
+            return (ssize_t)len;
+        }
+        len += (size_t)n;
+        if (len == cap - 1) {  /* larger than any of these files: refuse */
+            close(fd);
+            return -1;
+        }
+    }
+}
+
+/* The line of buf starting with `prefix` (the nth such line, from 0), or NULL. */
+static char *line_of(char *buf, const char *prefix, int nth) {
+    size_t k = strlen(prefix);
+    for (char *p = buf; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, prefix, k) == 0 && nth-- == 0)
+            return p;
+    return NULL;
+}
+
+/* The word after the word `key` on a "TCP: inuse 0 orphan 0 tw 0 ..." line: is it "0"? */
+static int pair_is_zero(const char *line, const char *key) {
+    size_t k = strlen(key);
+    for (const char *p = line; *p && *p != '\n'; p++)
+        if ((p == line || p[-1] == ' ') && strncmp(p, key, k) == 0 && p[k] == ' ')
+            return p[k + 1] == '0' && (p[k + 2] == ' ' || p[k + 2] == '\n' || !p[k + 2]);
+    return 0;
+}
+
+/* The i-th word of a line (0: the "Tcp:" label); length in *len, or NULL. */
+static const char *word(const char *line, int i, size_t *len) {
+    const char *p = line;
+    for (;;) {
+        while (*p == ' ')
+            p++;
+        if (!*p || *p == '\n')
+            return NULL;
+        const char *e = p;
+        while (*e && *e != ' ' && *e != '\n')
+            e++;
+        if (i-- == 0) {
+            *len = (size_t)(e - p);
+            return p;
+        }
+        p = e;
+    }
+}
+
+/* zygote.net_is_clean, the same rule: this network namespace never carried a TCP
+ * segment and holds no TCP socket (TIME_WAIT included); read from its own counters. */
+static int net_is_clean(void) {
+    static char buf[16384];
+    if (read_proc("/proc/self/net/snmp", buf, sizeof buf) < 0)
+        return 0;
+    char *names = line_of(buf, "Tcp:", 0), *values = line_of(buf, "Tcp:", 1);
+    if (!names || !values)
+        return 0;
+    int zero = 0;
+    for (int i = 1;; i++) {
+        size_t nl, vl;
+        const char *n = word(names, i, &nl), *v = word(values, i, &vl);
+        if (!n || !v)
+            break;
+        if ((nl == 6 && !strncmp(n, "InSegs", 6)) || (nl == 7 && !strncmp(n, "OutSegs", 7))
+            || (nl == 9 && !strncmp(n, "CurrEstab", 9))) {
+            if (vl != 1 || *v != '0')
+                return 0;
+            zero++;
+        }
+    }
+    if (zero != 3)
+        return 0;
+    if (read_proc("/proc/self/net/sockstat", buf, sizeof buf) < 0)
+        return 0;
+    char *tcp = line_of(buf, "TCP:", 0);
+    if (!tcp || !pair_is_zero(tcp, "inuse") || !pair_is_zero(tcp, "tw"))
+        return 0;
+    if (read_proc("/proc/self/net/sockstat6", buf, sizeof buf) < 0)
+        return errno == ENOENT;  /* no IPv6 in this kernel */
+    char *tcp6 = line_of(buf, "TCP6:", 0);
+    return !tcp6 || pair_is_zero(tcp6, "inuse");
+}
+
+static int loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return -1;
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    memcpy(ifr.ifr_name, "lo", 3);
+    int r = ioctl(s, SIOCGIFFLAGS, &ifr);
+    if (r == 0) {
+        ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+        r = ioctl(s, SIOCSIFFLAGS, &ifr);
+    }
+    int e = errno;
+    close(s);
+    errno = e;
+    return r;
+}
+
 int tb_cell(const long *cfg, long *res) {
-    int session = (int)cfg[0], status_w = (int)cfg[1];
-    int ntargets = (int)cfg[4];
-    const char *target_names = (const char *)cfg[3];
+    int session = (int)cfg[C_SESSION], status_w = (int)cfg[C_STATUS];
+    int ntargets = (int)cfg[C_NTARGETS];
+    const char *target_names = (const char *)cfg[C_TARGETS];
     const char *targets[MAX_TARGETS];
     if (ntargets > MAX_TARGETS) {
         errno = EINVAL;
@@ -480,15 +599,30 @@ int tb_cell(const long *cfg, long *res) {
                 have_child = 1;
             }
         } else if (op == 'R') {
+            /* The session closed; make this cell as good as new for the next one: no
+             * process, no workspace, a fresh IPC namespace (SysV objects and POSIX
+             * message queues outlive their processes: they stay behind with the old
+             * one), and a fresh network namespace if the last one kept any state. */
             memset(BUF, 0, (size_t)n);
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);
-            if (have_child) {  /* Python's reset kills it with everyone else */
+            if (have_child) {  /* killed with everyone else */
                 close((int)res[R_CHAN]);
                 close((int)res[R_PIDFD]);
                 res[R_PID] = 0;
+                have_child = 0;
             }
-            return TB_RESET;
+            kill_everyone();
+            for (int i = ntargets - 1; i >= 0; i--)
+                umount2(targets[i], MNT_DETACH);
+            int renew = !cfg[C_NET] && !net_is_clean();
+            if (unshare(CLONE_NEWIPC | (renew ? CLONE_NEWNET : 0)) < 0)
+                return fail(res, S_UNSHARE);
+            if (renew && loopback_up() < 0)
+                return fail(res, S_LOOPBACK);
+            if ((r = spawn(cfg, res, 1)) != 0)  /* its first C says `R` (ready) */
+                return r;
+            have_child = 1;
         } else {
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);

@@ -98,7 +98,7 @@ CELLS: dict = {}  # cell id -> pid of A
 NATIVE = None  # cell.c's hot path (B's loop, C's set-up), when the pool built it
 NATIVE_BUF = None  # its message buffer, as a memoryview
 NATIVE_BUF_SIZE = 1 << 20  # cell.c BUF_SIZE
-TB_CHILD, TB_RESET, TB_EOF = 1, 2, 3  # tb_cell's returns
+TB_CHILD, TB_EOF = 1, 3  # tb_cell's returns
 R_STATUS, R_OFF, R_LEN, R_ERRNO, R_STEP = range(5)  # its results
 
 
@@ -520,13 +520,14 @@ def reset_cell(net):
 
 def cell_loop_native(status_w, go_fd, cg_fds, net):
     """B's loop in C (cell.c `tb_cell`): it forwards each go, supervises the run,
-    reports its status and forks the next C, and hands back only a reset or the end.
+    reports its status, forks the next C and resets the cell between sessions — the
+    same steps as `cell_init`'s loop and `reset_cell` — and returns only at the end.
     A C it forks returns here too, set up and isolated, and runs its program."""
     names = ctypes.create_string_buffer(
         b"".join(t.encode() + b"\0" for t in CONFIG["mounts"]))
-    cfg = (ctypes.c_long * (6 + len(cg_fds)))(
+    cfg = (ctypes.c_long * (7 + len(cg_fds)))(
         go_fd, status_w, ctypes.addressof(SECCOMP_PROG[1]), ctypes.addressof(names),
-        len(CONFIG["mounts"]), len(cg_fds), *cg_fds)
+        len(CONFIG["mounts"]), 1 if net else 0, len(cg_fds), *cg_fds)
     results = (ctypes.c_long * 8)()
     # read through memoryviews: a fresh C touches far fewer objects than with ctypes
     res = memoryview(results).cast("B").cast("l")
@@ -544,9 +545,7 @@ def cell_loop_native(status_w, go_fd, cg_fds, net):
             except BaseException as e:
                 report_error(status_w, "cell setup (C): %r" % (e,))
                 _exit(70)
-        if r == TB_RESET:
-            reset_cell(net)
-        elif r == TB_EOF:
+        if r == TB_EOF:
             break
         else:
             e = res[R_ERRNO]
