@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--json", action="store_true", help="print results as JSON")
     bh.add_argument("--workers", type=int, default=4,
                     help="tasks in flight, for both systems (default 4)")
-    bh.add_argument("--rounds", type=int, default=2,
-                    help="timed rounds per system; the median is reported (default 2)")
+    bh.add_argument("--rounds", type=int, default=5,
+                    help="timed rounds per system, alternating; the median is reported "
+                    "(default 5: this machine's speed drifts by 10-20%% within seconds)")
     bh.add_argument("--out", help="also write the JSON results to this file")
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     from trialbox.bench.service import add_parser as add_bench_service_parser

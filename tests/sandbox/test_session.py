@@ -508,3 +508,27 @@ def test_close_stops_a_run_in_flight(runner):
     assert r.status is ExecStatus.SIGNAL and "stopped by the caller" in r.message, describe(r)
     assert took < 5
     no_leaks(runner)
+
+
+def test_a_last_run_leaves_no_candidate_forked_ahead(runner):
+    """After a run the cell forks the next candidate ahead (it waits in the cell's
+    cgroup); after a run marked `last` it does not — and a further run in the session
+    still works, forked on demand."""
+    from tests.sandbox.conftest import processes_in_cgroup
+
+    async def body():
+        async with await NamespaceSandbox.open(runner.pool, limits()) as sb:
+            first = await sb.exec(["python3", "-c", "print(1)"])
+            await asyncio.sleep(0.2)  # past the cell's grace period
+            cell = sb.cell.rel + "\n"  # the end of a /proc/PID/cgroup line: exactly it
+            ahead = processes_in_cgroup(cell)
+            last = await sb.exec(["python3", "-c", "print(2)"], last=True)
+            await asyncio.sleep(0.2)
+            after_last = processes_in_cgroup(cell)
+            again = await sb.exec(["python3", "-c", "print(3)"])
+            return first, ahead, last, after_last, again
+    first, ahead, last, after_last, again = runner.run(body())
+    assert [r.stdout for r in (first, last, again)] == [b"1\n", b"2\n", b"3\n"]
+    assert len(ahead) == 1, ahead          # the next candidate, waiting for its go
+    assert after_last == [], after_last    # none after the last run
+    no_leaks(runner)

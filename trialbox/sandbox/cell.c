@@ -531,8 +531,9 @@ int tb_cell(const long *cfg, long *res) {
             return TB_EOF;
         }
         unsigned char op = BUF[0];
-        if (op == 'G' || op == 'M') {
-            if (op == 'M') {  /* a new session's first run: attach its trees first */
+        if (op == 'G' || op == 'M' || op == 'g' || op == 'm') {
+            int last = op == 'g' || op == 'm';  /* the session's last run */
+            if (op == 'M' || op == 'm') {  /* a session's first run: attach its trees */
                 if (nfds < ntargets) {
                     errno = EINVAL;
                     return fail(res, S_MOVE_MOUNT);
@@ -585,14 +586,14 @@ int tb_cell(const long *cfg, long *res) {
                                      (unsigned char)((status >> 16) & 0xff),
                                      (unsigned char)((unsigned)status >> 24) };
             put(status_w, rec, sizeof rec);
-            /* Fork the next candidate ahead of time — unless the supervisor speaks
-             * within a few ms (a session closing sends `R` right away; a fork wasted
-             * on it costs more than forking on demand for a quick next run). */
+            /* Fork the next candidate ahead of time — unless this was the session's
+             * last run or the supervisor speaks within a few ms (a session closing
+             * sends `R` right away; a fork wasted on it costs more than forking on
+             * demand for a quick next run). */
             struct pollfd pf = { session, POLLIN, 0 };
-            int ready;
-            do
-                ready = poll(&pf, 1, NEXT_RUN_GRACE_MS);
-            while (ready < 0 && errno == EINTR);
+            int ready = 1;
+            while (!last && (ready = poll(&pf, 1, NEXT_RUN_GRACE_MS)) < 0 && errno == EINTR)
+                ;
             if (ready == 0) {
                 if ((r = spawn(cfg, res, 0)) != 0)
                     return r;

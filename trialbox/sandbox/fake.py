@@ -43,7 +43,8 @@ class FakeSandbox:
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
                    cwd: str = "/workspace",
-                   pass_fds: Mapping[int, int] | None = None) -> ExecResult:
+                   pass_fds: Mapping[int, int] | None = None,
+                   last: bool = False) -> ExecResult:
         if self.closed:
             raise UsageError("this sandbox session is closed; open a new one")
         if isinstance(argv, (str, bytes)) or not argv:

@@ -165,7 +165,8 @@ class NamespaceSandbox:
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
                    cwd: str = "/workspace",
-                   pass_fds: Mapping[int, int] | None = None) -> ExecResult:
+                   pass_fds: Mapping[int, int] | None = None,
+                   last: bool = False) -> ExecResult:
         self._check_open()
         targets = _check_pass_fds(pass_fds)
         if limits is not None and not isinstance(limits, Limits):
@@ -190,7 +191,7 @@ class NamespaceSandbox:
                     cell = await self._cell()
                 except (SandboxStartError, ZygoteDied, OSError) as e:
                     return self._infra(f"no sandbox could be started: {e}")
-                run = _Run(self, cell, spec, bytes(stdin), limits, passed)
+                run = _Run(self, cell, spec, bytes(stdin), limits, passed, last)
                 self._current = run
                 try:
                     result = await run.run()
@@ -361,9 +362,10 @@ class _Run:
     """One run in one cell: feed, read, time, kill, measure, classify."""
 
     def __init__(self, sb: NamespaceSandbox, cell: Cell, spec: dict[str, object],
-                 stdin: bytes, limits: Limits, passed: list[int]):
+                 stdin: bytes, limits: Limits, passed: list[int], last: bool = False):
         self.sb, self.cell, self.spec, self.stdin, self.limits = sb, cell, spec, stdin, limits
         self.passed = passed
+        self.last = last
         self.pool = sb.pool
         self.loop = self.pool.loop
         self.kill_reason: ExecStatus | None = None
@@ -454,7 +456,12 @@ class _Run:
         self.t_go = time.monotonic()
         trees = cell.trees
         try:  # the session's first run in this cell: attach its workspace first (M)
-            cell.send(b"M" if trees else b"G", self.spec, fds + self.passed + trees)
+            # lower case: the session's last run, no candidate to fork ahead after it
+            # (one killed unused at the reset cost ~1 ms; under load the reset often
+            # came after the cell's grace period)
+            tag = b"M" if trees else b"G"
+            cell.send(tag.lower() if self.last else tag, self.spec,
+                      fds + self.passed + trees)
         except (OSError, SandboxStartError) as e:
             self.kill_reason, self.kill_message = ExecStatus.INFRA, f"could not start: {e}"
             cell.kill()

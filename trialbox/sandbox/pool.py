@@ -322,7 +322,8 @@ class Cell:
         nothing else: parsing JSON in B cost ~60 copy-on-write faults a run, B's heap
         being shared with the candidate it forked ahead), then the run's spec for the
         candidate (`encode_spec`). Tags: G go, M go after attaching the session's trees
-        (its first run in this cell), S stop, R reset."""
+        (its first run in this cell), g and m the same for the session's last run (no
+        candidate forked ahead after it), S stop, R reset."""
         if self.go is None:
             raise SandboxStartError(f"cell {self.id} is closed")
         data = tag if spec is None else tag + encode_spec(spec)

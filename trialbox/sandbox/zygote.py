@@ -459,8 +459,8 @@ def cell_init(msg, status_w, go_fd, cg_fds):
         # Only the tag byte: any JSON parsed here would write to pages B shares with the
         # candidate it forked ahead (a copy-on-write fault each, ~60 a run).
         op = raw[:1]
-        if op == b"G" or op == b"M":
-            if op == b"M":  # a new session's first run: attach its workspace trees first
+        if op in (b"G", b"M", b"g", b"m"):  # lower case: the session's last run
+            if op in (b"M", b"m"):  # a session's first run: attach its workspace trees
                 targets = CONFIG["mounts"]
                 trees, fds = fds[len(fds) - len(targets):], fds[:len(fds) - len(targets)]
                 try:
@@ -486,7 +486,8 @@ def cell_init(msg, status_w, go_fd, cg_fds):
             # within a few ms (a session closing sends `reset` right away; a fork
             # wasted on it costs more than forking on demand for a quick next run).
             child = None
-            if not select.select([session], [], [], NEXT_RUN_GRACE_S)[0]:
+            if op in (b"G", b"M") and not select.select([session], [], [],
+                                                        NEXT_RUN_GRACE_S)[0]:
                 child = spawn_candidate(status_w, cg_fds, first=False)
         elif op == b"R":
             # The session closed; make this cell as good as new for the next one: no
