@@ -62,7 +62,7 @@ def test_enable_exec_line() -> None:
 def test_parser_takes_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     args = build_parser().parse_args(["bench", "humaneval"])
     assert (args.workers, args.rounds, args.limit, args.json, args.out) == \
-        (4, 2, None, False, None)
+        (4, 5, None, False, None)
     args = build_parser().parse_args(["bench", "humaneval", "--limit", "3"])
     assert args.limit == 3
     with pytest.raises(SystemExit):
