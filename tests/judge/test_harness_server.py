@@ -245,3 +245,18 @@ def test_jobs_and_reports_on_both_sides_of_the_inline_limit(runner):
     assert len(grades[2].tests) == 60 and len(grades[3].tests) == 70
     assert all(not t.passed and t.message.startswith("assertion failed: mmm")
                for g in grades[2:4] for t in g.tests)
+
+
+def test_a_garbled_reply_is_infra_not_a_crash(runner):
+    """The control socket carries the server's replies; a (broken) task whose test code
+    writes its own bytes there garbles the reply. That is the machinery failing: the
+    attempt is `infra` (retried, then excluded) with the cause named — the judge does
+    not crash and the next judgement on the same harness session works."""
+    garble = task("import os; os.write(3, b'{not json')", "assert candidate(1, 1) == 2")
+    fine = task("assert candidate(2, 2) == 4")
+    g_bad, g_good = judge_in_turn(runner, FAST, (garble, GOOD), (fine, GOOD))
+    assert g_bad.outcome is Outcome.INFRA, (g_bad.outcome, g_bad.message)
+    assert "unreadable" in g_bad.message and g_bad.attempts > 1, (g_bad.message,
+                                                                   g_bad.attempts)
+    assert g_good.outcome is Outcome.PASSED, g_good.message
+    runner.assert_no_leaks()

@@ -220,7 +220,14 @@ class _HarnessServer:
             r = self.run.result() if self.run.done() else None
             detail = f"{r.status.value}: {r.message}" if r is not None else "no reply"
             return None, f"the harness server stopped answering ({detail})", True
-        reply = json.loads(reply_task.result())
+        try:  # a reply cut short or garbled is the machinery's failure, never a grade
+            reply = json.loads(reply_task.result())
+            if not isinstance(reply, dict):
+                raise ValueError(f"a {type(reply).__name__}, not an object")
+        except (ValueError, UnicodeDecodeError) as e:
+            self.shutdown()
+            await self.sb.stop()
+            return None, f"the harness server's reply is unreadable: {e}", True
         if not reply.get("ok") or reply.get("seq") != self.seq:
             return None, str(reply.get("why") or "bad reply"), False
         if isinstance(reply.get("report"), dict):
