@@ -202,3 +202,22 @@ def test_namespace_open_with_limits_of_wrong_type(runner):
     with pytest.raises(UsageError, match=r"Limits"):
         runner.run(NamespaceSandbox.open(runner.pool, {"wall_s": 1}))  # type: ignore
     assert_pool_serves(runner)
+
+
+def test_an_argv_too_large_to_send_is_a_clear_usage_error(runner):
+    """argv and env travel to the cell in one datagram; past the limit the caller gets
+    a UsageError that says what to do (not an `infra` failure), and the session goes on
+    working. Just under it, the run works."""
+    from trialbox.sandbox.namespace import SPEC_MAX
+
+    async def body():
+        async with await NamespaceSandbox.open(runner.pool, FAST) as sb:
+            with pytest.raises(UsageError, match="write the program or its data to a file"):
+                await sb.exec(["python3", "-c", "pass", "x" * SPEC_MAX])
+            with pytest.raises(UsageError, match="at most"):
+                await sb.exec(["python3", "-c", "pass"], env={"BIG": "é" * (SPEC_MAX // 2)})
+            near = "#" * (SPEC_MAX - 2000)
+            return await sb.exec(["python3", "-c", f"print(7){near}"])
+    r = runner.run(body())
+    assert r.status is ExecStatus.OK and r.stdout == b"7\n", describe(r)
+    no_leaks(runner)

@@ -21,6 +21,7 @@ import os
 import struct
 import time
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
@@ -181,6 +182,7 @@ class NamespaceSandbox:
         # disk_mb only bounds single files (RLIMIT_FSIZE).
         spec = self._spec(argv, env, cwd, limits)
         spec["fds"] = targets
+        _check_spec_size(spec)
         if not isinstance(stdin, (bytes, bytearray, memoryview)):
             raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
         passed = [pass_fds[t] for t in targets] if pass_fds else []
@@ -349,6 +351,25 @@ def _check_pass_fds(pass_fds: Mapping[int, int] | None) -> list[int]:
         except OSError as e:
             raise UsageError(f"pass_fds[{t}] = {src} is not an open fd") from e
     return targets
+
+
+SPEC_MAX = 100_000
+"""Bytes a run's argv and environment may take together: they travel to the cell in one
+datagram, which the kernel refuses past ~200 KB (an `infra` failure before this check)."""
+
+
+def _check_spec_size(spec: dict[str, object]) -> None:
+    argv = cast(list[str], spec["argv"])
+    env = cast(dict[str, str], spec["env"])
+    chars = sum(map(len, argv)) + sum(len(k) + len(v) + 2 for k, v in env.items())
+    if chars * 4 < SPEC_MAX:  # most runs: no need to count bytes
+        return
+    size = sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in argv) + sum(
+        len(f"{k}={v}".encode("utf-8", "surrogatepass")) + 1 for k, v in env.items())
+    if size > SPEC_MAX:
+        raise UsageError(f"argv and env take {size:,} bytes; a run's may take at most "
+                         f"{SPEC_MAX:,}: write the program or its data to a file "
+                         "(write_file) and pass its path")
 
 
 def _close_quietly(fd: int) -> None:
