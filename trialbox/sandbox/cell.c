@@ -138,7 +138,8 @@ static int decimal(char *out, unsigned v) {
     return n;
 }
 
-/* One message and the fds passed with it; 0 at end of stream. */
+/* One message and the fds passed with it; 0 at end of stream; -1 on failure (EMSGSIZE:
+ * larger than the buffer, its fds closed). */
 static ssize_t receive(int sock, unsigned char *buf, size_t cap, int *fds, int *nfds) {
     union { char b[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } u;
     struct iovec iov = { buf, cap };
@@ -154,6 +155,8 @@ static ssize_t receive(int sock, unsigned char *buf, size_t cap, int *fds, int *
     *nfds = 0;
     if (n < 0)
         return n;
+    if (msg.msg_flags & MSG_TRUNC)  /* never within the supervisor's SPEC_MAX: refuse */
+        n = -2;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
             int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -166,12 +169,14 @@ static ssize_t receive(int sock, unsigned char *buf, size_t cap, int *fds, int *
                     close(fd);
             }
         }
-    if (n == 0) {
+    if (n <= 0) {
         for (int i = 0; i < *nfds; i++)
             close(fds[i]);
         *nfds = 0;
     }
-    return n;
+    if (n == -2)
+        errno = EMSGSIZE;
+    return n < 0 ? -1 : n;
 }
 
 /* ------------------------------------------------------------ C: the candidate */
@@ -364,7 +369,7 @@ static int supervise(int session, pid_t pid, int pidfd, long *res, int *status) 
             ssize_t n = receive(session, tag, sizeof tag, fds, &nfds);
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);
-            if (n == 0 || (n < 0 && errno != EAGAIN)) {
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EMSGSIZE)) {
                 kill_everyone();
                 _exit(0);
             }
