@@ -28,6 +28,12 @@ about a millisecond instead of ten. Every process of a run is dead before its st
 reported; nothing but the session's files carries over to the next run, and nothing at
 all to the next session (new cell, new namespaces, new tmpfs).
 
+Where the pool built it (gcc; `PoolConfig.native`), B's loop after its root is built and
+C's way from its fork to `S` run in C instead — cell.c, the same steps with the same
+system calls, called through ctypes (`cell_loop_native`): in Python each of those steps
+wrote to heap pages B shares with C, a copy-on-write fault each. The Python below is
+the fallback, and tested as much.
+
 The status pipe (one per cell, read by the supervisor) carries one-byte records:
 `R` ready, `S` started (all isolation applied; nothing before it is the candidate's),
 `X` + int32 wait status of C (written by B), `E` + text when setting up failed.
