@@ -72,6 +72,8 @@ static unsigned char BUF[BUF_SIZE];
 
 unsigned char *tb_buffer(void) { return BUF; }
 
+long tb_buffer_size(void) { return BUF_SIZE; }
+
 const char *tb_step(long step) {
     return step > 0 && step < (long)(sizeof STEPS / sizeof *STEPS) ? STEPS[step] : "?";
 }

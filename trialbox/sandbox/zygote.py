@@ -103,7 +103,6 @@ SECCOMP_PROG = None  # (buffer, sock_fprog) kept alive for the process's life
 CELLS: dict = {}  # cell id -> pid of A
 NATIVE = None  # cell.c's hot path (B's loop, C's set-up), when the pool built it
 NATIVE_BUF = None  # its message buffer, as a memoryview
-NATIVE_BUF_SIZE = 1 << 20  # cell.c BUF_SIZE
 TB_CHILD, TB_EOF = 1, 3  # tb_cell's returns
 R_STATUS, R_OFF, R_LEN, R_ERRNO, R_STEP = range(5)  # its results
 
@@ -266,10 +265,12 @@ def load_native(path):
     lib.tb_cell.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.tb_cell.restype = ctypes.c_int
     lib.tb_buffer.restype = ctypes.c_void_p
+    lib.tb_buffer_size.restype = ctypes.c_long
     lib.tb_step.argtypes = [ctypes.c_long]
     lib.tb_step.restype = ctypes.c_char_p
     NATIVE = lib
-    NATIVE_BUF = memoryview((ctypes.c_char * NATIVE_BUF_SIZE).from_address(lib.tb_buffer()))
+    NATIVE_BUF = memoryview((ctypes.c_char * lib.tb_buffer_size()).from_address(
+        lib.tb_buffer()))
 
 
 def prewarm(modules, sources=()):
@@ -496,11 +497,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
                                                         NEXT_RUN_GRACE_S)[0]:
                 child = spawn_candidate(status_w, cg_fds, first=False)
         elif op == b"R":
-            # The session closed; make this cell as good as new for the next one: no
-            # process, no workspace, a fresh IPC namespace (SysV objects and POSIX
-            # message queues outlive their processes: they stay behind with the old
-            # one), and a fresh network namespace if the last one kept any state.
-            if child is not None:
+            if child is not None:  # the session closed: make the cell as good as new
                 pid, pidfd, chan = child
                 chan.close()
                 os.close(pidfd)
