@@ -104,13 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     from trialbox.bench.service import add_parser as add_bench_service_parser
     add_bench_service_parser(bsub)
-    from trialbox.rollout.bench import add_parser as add_bench_rollout_parser
+    from trialbox.bench.rollout import add_parser as add_bench_rollout_parser
     add_bench_rollout_parser(bsub)
     from trialbox.bench.scheduler import add_parser as add_bench_scheduler_parser
     add_bench_scheduler_parser(bsub)
     from trialbox.bench.train import add_parser as add_bench_train_parser
     add_bench_train_parser(bsub)
-    from trialbox.telemetry.bench import add_parser as add_bench_telemetry_parser
+    from trialbox.bench.telemetry import add_parser as add_bench_telemetry_parser
     add_bench_telemetry_parser(bsub)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
@@ -171,10 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "exec":
             return asyncio.run(_exec(args))
         if args.command == "bench" and args.bench == "rollout":
-            from trialbox.rollout.bench import main as bench_rollout_main
+            from trialbox.bench.rollout import main as bench_rollout_main
             return bench_rollout_main(args)
         if args.command == "bench" and args.bench == "telemetry":
-            from trialbox.telemetry.bench import main as bench_telemetry_main
+            from trialbox.bench.telemetry import main as bench_telemetry_main
             return bench_telemetry_main(args)
         if args.command == "bench" and args.bench == "service":
             from trialbox.bench.service import main as bench_service_main

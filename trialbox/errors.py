@@ -3,16 +3,40 @@
     TrialboxError
     ├── UsageError            the *caller* misused the API: fix the call (raised at once)
     │   ├── LimitsError       a Limits field is out of range
-    │   └── UnknownLanguage   no runner for the requested language
-    └── InfraError            the *infrastructure* failed: retry; if it persists,
-        │                     exclude the sample (reward None, never 0.0)
-        ├── SandboxUnavailable  this host cannot provide the requested tier
-        ├── SandboxStartError   a sandbox could not be started or set up
-        └── ZygoteDied          the warm fork server died
+    │   ├── UnknownLanguage   no runner for the requested language
+    │   ├── schedule.lifecycle.IllegalTransition   a task state change the machine forbids
+    │   ├── schedule.queues.QueueFull              past the scheduler's waiting-room bound
+    │   ├── service.errors.NotFound                no such session / submission
+    │   └── service.errors.FieldError              a request field is unusable (names it)
+    ├── InfraError            the *infrastructure* failed: retry; if it persists,
+    │   │                     exclude the sample (reward None, never 0.0)
+    │   ├── SandboxUnavailable  this host cannot provide the requested tier
+    │   │   └── sandbox.native.NativeUnavailable  the cells' C hot path cannot be built
+    │   │                                         here (the pool falls back to Python)
+    │   ├── SandboxStartError   a sandbox could not be started or set up
+    │   ├── ZygoteDied          the warm fork server died
+    │   ├── store.journal.JournalError  the journal cannot be written or read
+    │   └── train.pipeline.StalenessError  a batch past the staleness bound reached the
+    │                       trainer: our producer broke its own rule
+    └── Unavailable           the work cannot be taken *now* (capacity, a deadline): try
+        │                     again later; neither the caller's mistake nor broken machinery
+        ├── service.admission.Overloaded       no slot free (503 + Retry-After)
+        └── service.errors.DeadlineExpired     the request's deadline passed (504)
+
+    CandidateFault            not a TrialboxError: an internal signal that what the
+    │                         *candidate* gave cannot be used; caught where it is raised
+    │                         and turned into the candidate's outcome, never escapes
+    └── store.patches.TreeError   the answer cannot become a file tree (bad patch/path)
 
 What the *candidate* did (wrong answer, crash, timeout, OOM, output flood) is never an
-exception: it is an observation, an `ExecResult` with a `status`, that becomes feedback
-and reward. Nothing the candidate does can raise an `InfraError`.
+exception that leaves the judge: it is an observation, an `ExecResult` with a `status`,
+that becomes feedback and reward. Nothing the candidate does can raise an `InfraError`.
+
+Exceptions private to one module (a leading underscore) and those of the standalone
+programs that run inside sandboxes (zygote.py, harness_program.py, candidate_stub.py,
+repo_plugin.py, and codec.py, which the sandbox's stub imports: its CodecError is a
+ValueError) are not part of the tree. tests/test_errors_tree.py checks that every
+other exception class is drawn here and parented as drawn.
 """
 
 from __future__ import annotations
@@ -49,3 +73,14 @@ class SandboxStartError(InfraError):
 
 class ZygoteDied(InfraError):
     """The warm fork server exited; runs in flight are reported as `infra`."""
+
+
+class Unavailable(TrialboxError):
+    """The work cannot be taken now (no capacity, a deadline passed): try again later.
+    Neither the caller's mistake nor broken machinery; nothing was graded."""
+
+
+class CandidateFault(Exception):
+    """What the candidate gave cannot be used (e.g. a patch that does not apply). Raised
+    and caught inside the judge and turned into the candidate's outcome; deliberately not
+    a TrialboxError, so no `except TrialboxError` can mistake it for ours."""

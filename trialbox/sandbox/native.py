@@ -13,12 +13,14 @@ import os
 import shutil
 import subprocess
 
+from trialbox.errors import SandboxUnavailable
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "cell.c")
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
 
 
-class NativeUnavailable(Exception):
+class NativeUnavailable(SandboxUnavailable):
     """cell.c could not be built here; the message says why."""
 
 

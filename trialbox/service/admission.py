@@ -14,8 +14,10 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from trialbox.errors import Unavailable
 
-class Overloaded(Exception):
+
+class Overloaded(Unavailable):
     """No slot now; `retry_after` (seconds) is when one is likely."""
 
     def __init__(self, message: str, retry_after: int):

@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from trialbox.errors import InfraError, UnknownLanguage, UsageError
+from trialbox.errors import InfraError, UnknownLanguage, Unavailable, UsageError
 from trialbox.service.admission import Overloaded
 
 
@@ -34,7 +34,7 @@ class NotFound(UsageError):
     """The request names something this server does not have (session, submission)."""
 
 
-class DeadlineExpired(Exception):
+class DeadlineExpired(Unavailable):
     """The request's deadline passed; whatever it ran has been stopped."""
 
 

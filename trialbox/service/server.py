@@ -122,5 +122,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from trialbox.cli import main as cli_main
-    sys.exit(cli_main(["serve", *sys.argv[1:]]))
+    # `python -m trialbox.service.server [options]`: the same options as `trialbox serve`,
+    # parsed here rather than through trialbox.cli, which sits above this layer.
+    _parser = argparse.ArgumentParser(prog="python -m trialbox.service.server")
+    add_parser(_parser.add_subparsers(dest="command"))
+    sys.exit(main(_parser.parse_args(["serve", *sys.argv[1:]])))

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ast
 import re
 
+from trialbox.errors import CandidateFault
+
 MAX_PATH = 4096
 
 
-class TreeError(Exception):
+class TreeError(CandidateFault):
     """The candidate's answer cannot become a tree (bad patch, bad path): its failure."""
 
 

@@ -196,7 +196,7 @@ async def _one(config: TrainConfig) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     if args.what == "sandbox":
-        from trialbox.demo import main as showcase
+        from trialbox.train.showcase import main as showcase
         return showcase()
     # The judge's static scan parses model-written code; a tiny model's odd literals
     # make Python warn ("invalid decimal literal"), which says nothing about the run.

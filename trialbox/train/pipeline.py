@@ -76,6 +76,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from trialbox import telemetry
+from trialbox.errors import InfraError
 from trialbox.rollout.agent import RolloutBatch
 from trialbox.rollout.policy import Generation, Policy, Tokenizer
 
@@ -87,7 +88,7 @@ consistent snapshot."""
 T = TypeVar("T")
 
 
-class StalenessError(RuntimeError):
+class StalenessError(InfraError):
     """A batch older than the staleness bound reached the trainer (a bug in the producer:
     the rule is kept by waiting, so this never happens in a correct run)."""
 

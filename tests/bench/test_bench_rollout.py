@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from trialbox.cli import build_parser
-from trialbox.rollout import bench
+from trialbox.bench import rollout as bench
 
 
 def test_bench_rollout_smoke(runner, capsys):
