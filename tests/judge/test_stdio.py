@@ -138,12 +138,36 @@ def test_broken_checker_is_an_error_excluded_from_reward(runner):
     assert g.outcome is Outcome.FAILED and "could not read the output" in g.message
 
 
+@pytest.mark.parametrize("want,got,same", [
+    # an expected integer: exact, by value, whatever the tolerance
+    (b"1000000000000", b"1000000000007", False), (b"1000000", b"1000000.5", False),
+    (b"0", b"0.0000001", False), (b"-3", b"3", False), (b"7", b"7.000000001", False),
+    (b"5", b"+5", True), (b"5", b"005", True), (b"5", b"5.0", True), (b"12", b"1.2e1", True),
+    (b"12", b"120e-1", True), (b"0", b"-0", True), (b"0", b"-0.0", True),
+    (b"1000000000000", b"1e12", True), (b"0", b"0e-99999999999999999999999", True),
+    (b"1", b"1e99999999999999999999999", False), (b"1" + b"0" * 5000, b"1e5000", True),
+    (b"1" + b"0" * 5000, b"1" + b"0" * 4999 + b"1", False),
+    # an expected decimal (a point or an exponent): within the tolerance
+    (b"1.5", b"1.5000001", True), (b"1.5", b"1.51", False), (b"2.0", b"2", True),
+    (b"1e3", b"1000.0000001", True), (b"1000000000000.0", b"1000000000007", True),
+    (b"-0.0", b"0.0000001", True), (b".5", b"0.5", True), (b"1.", b"1", True),
+    # anything else: the same bytes only
+    (b"0x1A", b"26", False), (b"26", b"0x1A", False), (b"nan", b"nan", True),
+    (b"nan", b"NaN", False), (b"inf", b"1e400", False), (b"1e400", b"1e401", False),
+    (b"1.0", b"nan", False), (b"1.0", b"inf", False), (b"10", b"1_0", False),
+    (b"1.0", b"1.0.0", False), (b"1", b"1e", False), (b"yes", b"YES", False),
+])
+def test_float_mode_compares_integers_exactly_and_decimals_within_the_tolerance(
+        want, got, same):
+    assert (compare_output(Compare.FLOAT, want, got, 1e-6) is None) is same
+
+
 def test_compare_output_modes():
     assert compare_output(Compare.EXACT, b"3\n", b"3\n") is None
     assert compare_output(Compare.EXACT, b"3\n", b"3") is not None
     assert compare_output(Compare.WHITESPACE, b"1 2\n", b" 1\n2 ") is None
-    assert compare_output(Compare.FLOAT, b"1000000", b"1000000.5", 1e-6) is None  # relative
-    assert compare_output(Compare.FLOAT, b"0", b"0.0000001", 1e-6) is None  # absolute
+    assert compare_output(Compare.FLOAT, b"1000000.0", b"1000000.5", 1e-6) is None  # rel.
+    assert compare_output(Compare.FLOAT, b"0.0", b"0.0000001", 1e-6) is None  # absolute
     assert compare_output(Compare.FLOAT, b"1", b"1.01", 1e-6) == "token 1 differs"
     assert compare_output(Compare.FLOAT, b"1 yes", b"1 no") is not None
     assert compare_output(Compare.FLOAT, b"10", b"1_0") is not None  # float() would take it
