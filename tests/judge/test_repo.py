@@ -34,6 +34,7 @@ GOOD = ("--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,2 +1,2 @@\n def add(a, b):\
         "-    return a - b\n+    return a + b\n")
 GOOD_OPS = "def add(a, b):\n    return a + b\n"
 FAST = RepoJudgeConfig(limits=Limits(wall_s=20, cpu_s=20, memory_mb=512, disk_mb=32))
+IN_PROCESS = replace(FAST, tier="in-process")
 ALL = {"tests/test_ops.py::test_add", "tests/test_hidden.py::test_more[1-1]",
        "tests/test_hidden.py::test_more[2-5]", "tests/test_hidden.py::TestNeg::test_neg"}
 
@@ -135,7 +136,11 @@ def test_exit_at_import_is_not_a_pass(runner):
     # runtime defence holds on its own: no end record, so nothing counts.
     g = judge(runner, wrong_ops(hidden_from_scan("import os; os._exit(0)")))
     assert_not_passed(g, "dynamic-code")
-    assert "did not finish cleanly" in g.message, g
+    assert "did not collect" in g.message, g  # the candidate's process ended at import
+    g = runner.run(judge_repo(TASK, wrong_ops(hidden_from_scan("import os; os._exit(0)")),
+                              runner.pool, IN_PROCESS))
+    assert_not_passed(g, "dynamic-code")
+    assert "did not finish cleanly" in g.message, g  # in-process: no end record
 
 
 def test_fake_runner_output_is_not_a_pass(runner):
@@ -148,8 +153,11 @@ def test_patching_pytest_internals_is_caught(runner):
              "_pytest.python.Function.runtest = lambda self: None\n")
     g = judge(runner, wrong_ops(patch))
     assert_not_passed(g, "pytest-tamper")
-    # The same, hidden from the scan: the runner's integrity check sees it.
-    g = judge(runner, wrong_ops(hidden_from_scan(patch.replace("\n", "; ", 1))))
+    # The same, hidden from the scan: on the trusted tier it patches a pytest that is
+    # not running the tests; on the in-process tier the runner's integrity check sees it.
+    hidden = wrong_ops(hidden_from_scan(patch.replace("\n", "; ", 1)))
+    assert_not_passed(judge(runner, hidden))
+    g = runner.run(judge_repo(TASK, hidden, runner.pool, IN_PROCESS))
     assert_not_passed(g, "pytest-tamper")
     assert "Function.runtest was replaced" in g.message
 
@@ -161,7 +169,9 @@ def test_registering_a_plugin_at_run_time_is_caught(runner):
               "    def pytest_runtest_logreport(self, report):\n"
               "        report.outcome = 'passed'\n"
               "cfg.pluginmanager.register(P(), 'p')\n")
-    g = judge(runner, wrong_ops(hidden_from_scan(plugin)))
+    assert_not_passed(judge(runner, wrong_ops(hidden_from_scan(plugin))))
+    g = runner.run(judge_repo(TASK, wrong_ops(hidden_from_scan(plugin)), runner.pool,
+                              IN_PROCESS))
     assert_not_passed(g, "pytest-tamper")
 
 
@@ -253,3 +263,85 @@ def test_hang_is_a_timeout_and_memory_bomb_is_memory(runner):
                               runner.pool, tight))
     assert g.outcome is Outcome.MEMORY and not any(t.passed for t in g.tests), g
     assert reward_of(g) == 0.0
+
+
+# --------------------------------------------------------------------------- trusted tier
+
+SHAPES = Task(
+    "shapes", TaskKind.REPO, prompt="Implement shapes.",
+    files=(("shapes/__init__.py", b"from shapes.core import Stack, area, EmptyError\n"),
+           ("shapes/errors.py", b"class ShapeError(ValueError):\n    pass\n\n\n"
+                                b"class EmptyError(ShapeError):\n    pass\n"),
+           ("shapes/core.py", b"")),
+    test_files=(("tests/test_shapes.py", (
+        b"import pytest\nimport shapes\nfrom shapes import core\n"
+        b"from shapes.errors import EmptyError, ShapeError\n\n\n"
+        b"def test_plain_values():\n"
+        b"    assert shapes.area([3, 4]) == 12 and core.UNITS == {'m': 1.0}\n"
+        b"    assert shapes.area((2, 2.5)) == pytest.approx(5.0)\n\n\n"
+        b"def test_objects_stay_remote():\n"
+        b"    s = core.Stack()\n    s.push(1)\n    s.push([2, 'x'])\n"
+        b"    assert len(s) == 2 and s.size == 2 and list(s) == [1, [2, 'x']]\n"
+        b"    assert s.pop() == [2, 'x'] and 1 in s and s[0] == 1 and s\n"
+        b"    s.label = 'a'\n    assert s.label == 'a' and s == s\n"
+        b"    assert 'Stack' in repr(s)\n\n\n"
+        b"def test_exceptions_cross_as_themselves():\n"
+        b"    with pytest.raises(EmptyError):\n        core.Stack().pop()\n"
+        b"    with pytest.raises(ShapeError, match='empty'):\n        core.Stack().pop()\n"
+        b"    with pytest.raises(ValueError):\n        core.Stack().pop()\n"
+        b"    with pytest.raises(TypeError):\n        shapes.area(None)\n")),),
+    test_command=("pytest",))
+SHAPES_GOOD = {"shapes/core.py": (
+    "from shapes.errors import EmptyError\n\nUNITS = {'m': 1.0}\n\n\n"
+    "def area(wh):\n    w, h = wh\n    return w * h\n\n\n"
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+    "    def push(self, x):\n        self.items.append(x)\n\n"
+    "    def pop(self):\n        if not self.items:\n"
+    "            raise EmptyError('empty stack')\n        return self.items.pop()\n\n"
+    "    @property\n    def size(self):\n        return len(self.items)\n\n"
+    "    def __len__(self):\n        return len(self.items)\n\n"
+    "    def __iter__(self):\n        return iter(self.items)\n\n"
+    "    def __getitem__(self, i):\n        return self.items[i]\n\n"
+    "    def __eq__(self, other):\n        return isinstance(other, Stack)\n\n"
+    "    __hash__ = object.__hash__\n")}
+
+
+@pytest.mark.parametrize("config", [FAST, IN_PROCESS], ids=["trusted", "in-process"])
+def test_a_correct_package_with_classes_and_exceptions_passes_on_both_tiers(runner, config):
+    g = runner.run(judge_repo(SHAPES, SHAPES_GOOD, runner.pool, config))
+    assert g.outcome is Outcome.PASSED, (g.message, g.tests)
+    assert len(g.tests) == 3 and g.flags == ()
+
+
+def test_the_trusted_tier_never_lets_the_candidates_objects_decide(runner):
+    """`==` on the candidate's objects is identity on the trusted tier (its __eq__ would
+    be the candidate's say), and trusted objects cannot be handed to its code."""
+    task = replace(SHAPES, test_files=(("tests/test_shapes.py", (
+        b"from shapes import core\n\n\n"
+        b"def test_eq():\n    assert core.Stack() == core.Stack()\n\n\n"
+        b"def test_callback():\n    s = core.Stack()\n    s.push(lambda: 1)\n")),))
+    g = runner.run(judge_repo(task, SHAPES_GOOD, runner.pool, FAST))
+    assert g.outcome is Outcome.FAILED and not any(t.passed for t in g.tests), g.tests
+    why = {t.name.split("::")[1]: t.message for t in g.tests}
+    assert "cannot pass a function to the candidate's code" in why["test_callback"], why
+    # in its own process the candidate's __eq__ decides (the in-process tier's risk)
+    g = runner.run(judge_repo(task, SHAPES_GOOD, runner.pool, IN_PROCESS))
+    assert [t.passed for t in g.tests] == [True, True], g.tests
+
+
+def test_the_candidates_sandbox_never_holds_the_hidden_tests(runner):
+    spy = wrong_ops("import os\nFOUND = sorted(os.listdir('tests'))\n")
+    task = replace(TASK, test_files=TASK.test_files + (("tests/test_spy.py", (
+        b"from calc import ops\n\n\ndef test_spy():\n"
+        b"    assert ops.FOUND == ['test_ops.py', 'test_spy.py']\n")),))
+    g = runner.run(judge_repo(task, spy, runner.pool, FAST))
+    assert next(t for t in g.tests if t.name.endswith("test_spy")).passed, g.tests
+
+
+def test_a_candidate_that_hangs_times_out_and_the_other_tests_still_report(runner):
+    slow = RepoJudgeConfig(limits=Limits(wall_s=3, cpu_s=3, memory_mb=256, disk_mb=32))
+    g = runner.run(judge_repo(SHAPES, {"shapes/core.py": SHAPES_GOOD["shapes/core.py"]
+                                       + "\n\ndef area(wh):\n    while True:\n"
+                                         "        pass\n"}, runner.pool, slow))
+    assert g.outcome is Outcome.TIMEOUT, (g.outcome, g.message)
+    assert len(g.tests) == 3 and not any(t.passed for t in g.tests), g.tests

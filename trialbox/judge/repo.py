@@ -64,6 +64,13 @@ JUDGE_DIR = "_judge"
 RUNNER = "_trialbox_pytest.py"
 RUNNER_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 MAX_CHANNEL = 32 << 20
+TIERS = ("trusted", "in-process")
+STUB = "_trialbox_repo_stub.py"
+PROXY = "_trialbox_repo_proxy.py"
+CODEC = "_trialbox_codec.py"
+_TRUSTED_EXTRA_S = 10.0
+"""The trusted run's wall and CPU limits exceed the candidate's by this much: a candidate
+that hangs is stopped by its own limit first, and the tests after it still report."""
 _MSG = 1000
 
 Answer = str | Mapping[str, bytes | str | None]
@@ -79,8 +86,17 @@ class RepoJudgeConfig:
     """The grading sandbox: one pytest run over the candidate's tree and the tests."""
     retries: int = 2
     """Extra attempts after an infrastructure failure."""
+    tier: str = "trusted"
+    """"trusted": the tests run in a sandbox of their own that no candidate code enters;
+    the candidate's modules are served from its sandbox as plain data or references
+    (docs/judge.md, what this guarantees and what tests it cannot run). "in-process":
+    pytest imports the candidate's code in its own process — any test runs, but the
+    candidate's code can forge the report (the residual risk in docs/judge.md)."""
 
     def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise UsageError(f"RepoJudgeConfig.tier must be one of {', '.join(TIERS)}, got "
+                             f"{self.tier!r}")
         if not isinstance(self.limits, Limits):
             raise UsageError(f"RepoJudgeConfig.limits must be a trialbox.types.Limits, got "
                              f"{type(self.limits).__name__}")
@@ -128,7 +144,8 @@ async def judge_repo(task: Task, answer: Answer, pool: CellPool,
                      message=f"the answer could not be applied: {e}"[:4000],
                      wall_ms=round((time.monotonic() - t0) * 1e3, 3))
     flags = list(tree.flags) + scan_tree(tree)
-    grade = await with_infra_retries(lambda: _attempt(task, tree, pool, config),
+    attempt = _attempt_trusted if config.tier == "trusted" else _attempt
+    grade = await with_infra_retries(lambda: attempt(task, tree, pool, config),
                                      config.retries, task.task_id)
     return canary_check(_with_flags(grade, flags), task)
 
@@ -200,9 +217,13 @@ def _with_flags(grade: Grade, flags: list[Flag]) -> Grade:
 # --------------------------------------------------------------------------- a run
 
 @cache
-def _runner_program() -> bytes:
-    with open(os.path.join(HERE, "repo_plugin.py"), "rb") as f:
+def _program(name: str) -> bytes:
+    with open(os.path.join(HERE, name), "rb") as f:
         return f.read()
+
+
+def _runner_program() -> bytes:
+    return _program("repo_plugin.py")
 
 
 def _ini() -> bytes:
@@ -254,6 +275,76 @@ async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
         theirs.close()
         await sb.close()
     return _grade(task, modules, nonce, data, r, (time.monotonic() - t0) * 1e3)
+
+
+async def _attempt_trusted(task: Task, tree: CandidateTree, pool: CellPool,
+                           config: RepoJudgeConfig) -> Grade:
+    """The trusted tier: pytest and the tests in a sandbox of their own, which no
+    candidate code enters; the candidate's tree, without the hidden tests, in another,
+    serving its modules (repo_stub.py) to the tests' process (repo_proxy.py)."""
+    t0 = time.monotonic()
+    nonce = secrets.token_hex(16)
+    repo = f"{WORKSPACE}/{REPO_DIR}"
+    hidden = {p for p, _ in task.hidden_test_files}
+    trusted = {**dict(task.test_files), **dict(task.hidden_test_files),
+               **{p: d for p, d in task.files if posixpath.basename(p) == "conftest.py"}}
+    modules = graded_modules(task)
+    tops = sorted({p.split("/")[0].removesuffix(".py") for p in tree.files
+                   if p.endswith(".py")})
+    job = {"nonce": nonce, "repo": repo, "proxy": True, "repo_tops": tops,
+           "trusted": {f"{repo}/{p}": hashlib.sha256(d).hexdigest()
+                       for p, d in trusted.items() if p.endswith(".py")},
+           "tests": [f"{repo}/{p}" for p in modules]}
+    lim = config.limits
+    tests_limits = replace(lim, wall_s=lim.wall_s + _TRUSTED_EXTRA_S,
+                           cpu_s=lim.cpu_s + _TRUSTED_EXTRA_S)
+    cand = await NamespaceSandbox.open(pool, lim)
+    try:
+        sb = await NamespaceSandbox.open(pool, tests_limits)
+    except BaseException:
+        await cand.close()
+        raise
+    ours, theirs = socket.socketpair()
+    mine, cands = socket.socketpair()
+    try:
+        for name, source in ((RUNNER, "repo_plugin.py"), (PROXY, "repo_proxy.py"),
+                             (CODEC, "codec.py")):
+            await sb.write_file(f"{JUDGE_DIR}/{name}", _program(source))
+        await sb.write_file(f"{JUDGE_DIR}/pytest.ini", _ini())
+        for name, source in ((STUB, "repo_stub.py"), (CODEC, "codec.py")):
+            await cand.write_file(f"{JUDGE_DIR}/{name}", _program(source))
+        try:
+            for path, data in sorted(tree.files.items()):
+                await sb.write_file(f"{REPO_DIR}/{path}", data)
+                if path not in hidden:  # hidden tests never enter the candidate's sandbox
+                    await cand.write_file(f"{REPO_DIR}/{path}", data)
+        except UsageError as e:  # e.g. a tree larger than the workspace: its doing
+            return Grade(task.task_id, Outcome.FAILED, tests=_not_run(task, "not run"),
+                         message=f"the tree could not be written: {e}"[:4000],
+                         wall_ms=round((time.monotonic() - t0) * 1e3, 3))
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(ours, json.dumps(job).encode() + b"\n")
+        reader = asyncio.ensure_future(_read_all(loop, ours))
+        cand_run = asyncio.ensure_future(cand.exec(
+            ["python3", "-c", f"import sys; sys.path.insert(0, '{WORKSPACE}/{JUDGE_DIR}'); "
+             "import _trialbox_repo_stub as m; m.main()"],
+            env=RUNNER_ENV, cwd=repo, pass_fds={3: cands.detach()}, last=True))
+        try:
+            r = await sb.exec(["python3", "-c", "import _trialbox_pytest as m; m.main()"],
+                              env=RUNNER_ENV, cwd=f"{WORKSPACE}/{JUDGE_DIR}",
+                              pass_fds={3: theirs.detach(), 4: mine.detach()})
+        finally:
+            # The tests are done (or gone): nothing the candidate does now can matter.
+            await cand.stop()
+            rc = await cand_run
+            data = await reader
+    finally:
+        for s in (ours, theirs, mine, cands):
+            s.close()
+        await cand.close()
+        await sb.close()
+    return _grade(task, modules, nonce, data, r, (time.monotonic() - t0) * 1e3, rc)
 
 
 async def _read_all(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
@@ -322,12 +413,16 @@ def parse_records(data: bytes, nonce: str) -> _Report:
 
 
 def _grade(task: Task, modules: list[str], nonce: str, data: bytes, r: ExecResult,
-           wall_ms: float) -> Grade:
-    common: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "candidate_cpu_ms": r.cpu_ms,
-                              "candidate_peak_memory_bytes": r.peak_memory_bytes}
-    if r.status is ExecStatus.INFRA:
-        return Grade(task.task_id, Outcome.INFRA, message=f"grading sandbox: {r.message}",
-                     **common)
+           wall_ms: float, rc: ExecResult | None = None) -> Grade:
+    """`r`: the run of the tests; `rc`: the candidate's own run on the trusted tier (on
+    the in-process tier, `r` is both)."""
+    rc = rc or r
+    common: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "candidate_cpu_ms": rc.cpu_ms,
+                              "candidate_peak_memory_bytes": rc.peak_memory_bytes}
+    for run, who in ((r, "grading sandbox"), (rc, "candidate's sandbox")):
+        if run.status is ExecStatus.INFRA:
+            return Grade(task.task_id, Outcome.INFRA, message=f"{who}: {run.message}",
+                         **common)
     rep = parse_records(data, nonce)
     if rep.start is None:
         return Grade(task.task_id, Outcome.ERROR, message=(
@@ -350,11 +445,12 @@ def _grade(task: Task, modules: list[str], nonce: str, data: bytes, r: ExecResul
     else:
         first = next((t for t in results if not t.passed), None)
         message = f"{first.name}: {first.message}" if first else ""
+    statuses = {r.status, rc.status}
     if results and all(t.passed for t in results):
         outcome = Outcome.PASSED
-    elif r.status is ExecStatus.MEMORY:
+    elif ExecStatus.MEMORY in statuses:
         outcome = Outcome.MEMORY
-    elif r.status is ExecStatus.TIMEOUT:
+    elif ExecStatus.TIMEOUT in statuses:
         outcome = Outcome.TIMEOUT
     else:
         outcome = Outcome.FAILED

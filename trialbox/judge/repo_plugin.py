@@ -23,8 +23,13 @@ first imported when a test module imports them, during collection):
   calls, hook callers, our own hooks), re-checked before every record it sends, so a
   tamper is reported as soon as it is seen and cannot be taken back.
 
-None of this makes the process trustworthy once candidate code runs in it; docs/judge.md
-says what can still be forged. Standard library only, plus pytest.
+On the trusted tier (the job's "proxy", the judge's default) no candidate code runs in
+this process at all: every module of the candidate's tree is served by
+`_trialbox_repo_proxy` (repo_proxy.py) from the candidate's own sandbox over fd 4, as
+plain data or references, and the records here are evidence the candidate cannot reach.
+On the in-process tier none of the above makes the process trustworthy once candidate
+code runs in it; docs/judge.md says what can still be forged there. Standard library
+only, plus pytest.
 """
 
 import hashlib
@@ -85,6 +90,13 @@ def _load_pristine():
 
 
 PRISTINE, _BAD = _load_pristine()
+
+# The trusted tier (the judge's default): the candidate's code runs in another sandbox,
+# and its modules here are remote (repo_proxy.py) — fd 4 leads to its process.
+PROXY = None
+if JOB.get("proxy"):
+    import _trialbox_repo_proxy as PROXY
+    PROXY.connect(JOB.get("repo_tops") or [])
 
 try:
     import _pytest.assertion.rewrite
@@ -305,6 +317,11 @@ class _TrustedFinder:
                 _state["tampered"].append(msg)
                 send({"t": "tamper", "what": [msg]})
             raise ImportError(msg)
+        if PROXY is not None and origin.startswith(REPO + os.sep):
+            # the candidate's module: imported in its own process, remote here
+            spec.loader = PROXY.RemoteLoader(name)
+            spec.cached = None
+            return spec
         return None
 
     def invalidate_caches(self):

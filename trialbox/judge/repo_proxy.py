@@ -1,0 +1,342 @@
+"""Trusted side of a repository judgement on the trusted tier, run inside the *trusted*
+grading sandbox by the judge's pytest runner (`repo_plugin.py`, copied there as
+`_trialbox_repo_proxy.py`). The candidate's code never runs in this process.
+
+Every module of the candidate's tree that a trusted test (or the task's conftest)
+imports is a `RemoteModule`: reading an attribute asks the candidate's process (its own
+sandbox, `repo_stub.py` on the other end of fd 4) for it. Plain data — exact builtin
+types the restricted codec takes whole — crosses as itself, so the test's `==`, `<`,
+`in`, `bool` on it are the interpreter's own, never the candidate's. Anything else stays
+in the candidate's process and is seen here as a `Remote`: calling it, reading or
+setting its attributes, `len`, iteration, indexing, `in`, `bool`, `str` and arithmetic
+ask the candidate (the answers are again plain data or references); `==` on it is
+identity (the same remote object), ordering and hashing by value are refused. An
+exception the candidate's code raises is raised here as the builtin exception of that
+name, or as a local stand-in class for one of its own (same name, same hierarchy down
+to the builtin ancestor), so `pytest.raises(ValueError)` and `except errors.Bad:`
+match. A candidate that breaks the protocol, exits, or sends more than `MAX_TOTAL`
+bytes makes the call raise `CandidateGone` — a BaseException, so no
+`pytest.raises(Exception)` or `except Exception` in a test can take it for an answer.
+
+Standalone: the standard library and the copied codec (`_trialbox_codec`).
+"""
+
+import builtins
+import importlib
+import os
+import struct
+import sys
+import types
+
+import _trialbox_codec as codec
+
+CANDIDATE_FD = 4
+MAX_FRAME = 16 << 20
+MAX_TOTAL = 256 << 20
+"""Bytes the candidate may send in all: past it every call fails (the trusted process
+must not be made to run out of memory on the candidate's behalf)."""
+
+
+class CandidateGone(BaseException):
+    """The candidate's process broke the protocol, ended, or sent too much: the call
+    has no answer, and the test fails."""
+
+
+class _Channel:
+    def __init__(self, fd):
+        self.fd = fd
+        self.received = 0
+        self.gone = None
+
+    def _read_exact(self, n):
+        chunks, got = [], 0
+        while got < n:
+            b = os.read(self.fd, min(n - got, 1 << 20))
+            if not b:
+                return None
+            chunks.append(b)
+            got += len(b)
+        return b"".join(chunks)
+
+    def ask(self, request):
+        if self.gone:
+            raise CandidateGone(self.gone)
+        try:
+            data = codec.encode(request)
+            view = memoryview(struct.pack(">I", len(data)) + data)
+            while view:
+                view = view[os.write(self.fd, view):]
+            head = self._read_exact(4)
+            if head is None:
+                return self._lose("the candidate's process ended")
+            (n,) = struct.unpack(">I", head)
+            if n > MAX_FRAME or self.received + n > MAX_TOTAL:
+                return self._lose("the candidate's process sent too much (a %d-byte "
+                                  "answer, %d bytes before it)" % (n, self.received))
+            self.received += 4 + n
+            body = self._read_exact(n)
+            if body is None:
+                return self._lose("the candidate's process ended")
+            return codec.decode(body)
+        except OSError as e:
+            return self._lose("the channel to the candidate's process failed: %s"
+                              % e.strerror)
+        except (codec.CodecError, ValueError, RecursionError, MemoryError) as e:
+            return self._lose("the candidate's process sent what is not plain data: %s"
+                              % str(e)[:200])
+
+    def _lose(self, why):
+        self.gone = why
+        raise CandidateGone(why)
+
+
+_CHANNEL = None
+_remotes = {}  # ref -> Remote (one per remote object: `is` means the same object)
+_exc_classes = {}  # ref -> local stand-in exception class
+_REPO_TOPS = set()
+
+
+def _answer(reply):
+    """The value an answer stands for, raising what the candidate's code raised."""
+    if type(reply) is not list or not reply:
+        raise CandidateGone("the candidate's process broke the protocol")
+    tag = reply[0]
+    if tag == "v" and len(reply) == 2:
+        return reply[1]
+    if tag == "r" and len(reply) == 5 and type(reply[1]) is int and type(reply[2]) is str \
+            and type(reply[3]) is str:
+        return _reference(reply)
+    if tag == "l" and len(reply) == 2 and type(reply[1]) is list:
+        return [_answer(r) for r in reply[1]]
+    if tag == "x" and len(reply) == 4 and type(reply[1]) is str and type(reply[3]) is str:
+        raise _exception(reply[1], reply[2], reply[3])
+    raise CandidateGone("the candidate's process broke the protocol")
+
+
+def _reference(reply):
+    _, ref, kind, name, info = reply
+    if kind == "module":
+        if name.partition(".")[0] in _REPO_TOPS:
+            return importlib.import_module(name)  # the RemoteModule of that name
+    elif kind == "exception-class":
+        return _exc_class(ref, info)
+    if ref not in _remotes:
+        _remotes[ref] = Remote(ref, kind, name)
+    return _remotes[ref]
+
+
+def _exc_class(ref, info):
+    """The local stand-in for the candidate's exception class `ref`: a subclass of its
+    builtin ancestor (Exception if that is no Exception), through stand-ins of its own
+    bases, so `except` and `pytest.raises` match as they would in its process."""
+    if ref in _exc_classes:
+        return _exc_classes[ref]
+    try:
+        ancestor_name, chain = info
+        base = getattr(builtins, str(ancestor_name), Exception)
+        if not (isinstance(base, type) and issubclass(base, Exception)):
+            base = Exception
+        for cref, cname in reversed(chain):
+            if cref not in _exc_classes:
+                local = type(str(cname).rpartition(".")[2], (base,), {})
+                local.__qualname__ = str(cname)
+                local.__module__ = "candidate"
+                _exc_classes[cref] = local
+            base = _exc_classes[cref]
+    except (TypeError, ValueError):
+        raise CandidateGone("the candidate's process broke the protocol") from None
+    return _exc_classes.get(ref, base)
+
+
+def _exception(name, cls_reply, message):
+    if cls_reply is None:
+        cls = getattr(builtins, name, None)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            return cls(message)
+        # KeyboardInterrupt, SystemExit...: must not steer the trusted runner
+        return RuntimeError("the candidate's code raised %s: %s" % (name, message))
+    cls = _answer(cls_reply)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        return cls(message)
+    raise CandidateGone("the candidate's process broke the protocol")
+
+
+def _arg(value):
+    """A value for the candidate's process: a reference to its own object, or plain
+    data. A trusted object (a function, a mock, a fixture's object) cannot cross."""
+    if isinstance(value, Remote):
+        return ["r", object.__getattribute__(value, "_tb_ref")]
+    try:
+        codec.encode(value)
+    except (codec.CodecError, RecursionError):
+        raise TypeError(
+            "cannot pass a %s to the candidate's code: only plain data (None, bool, int, "
+            "float, str, bytes, and lists, tuples, dicts, sets of those) or the "
+            "candidate's own objects cross to its process (docs/judge.md, repository "
+            "tasks)" % type(value).__name__) from None
+    return ["v", value]
+
+
+def _ask(*request):
+    return _answer(_CHANNEL.ask(list(request)))
+
+
+def _op(obj, op, *args):
+    return _ask("op", object.__getattribute__(obj, "_tb_ref"), op, [_arg(a) for a in args])
+
+
+class Remote:
+    """An object of the candidate's, left in its process."""
+
+    __slots__ = ("_tb_ref", "_tb_kind", "_tb_name")
+
+    def __init__(self, ref, kind, name):
+        object.__setattr__(self, "_tb_ref", ref)
+        object.__setattr__(self, "_tb_kind", kind)
+        object.__setattr__(self, "_tb_name", name)
+
+    def __getattr__(self, name):
+        if name.startswith("_tb_"):
+            raise AttributeError(name)
+        return _ask("getattr", object.__getattribute__(self, "_tb_ref"), name)
+
+    def __setattr__(self, name, value):
+        _ask("setattr", object.__getattribute__(self, "_tb_ref"), name, _arg(value))
+
+    def __call__(self, *args, **kwargs):
+        return _ask("call", object.__getattribute__(self, "_tb_ref"),
+                    [_arg(a) for a in args], {str(k): _arg(v) for k, v in kwargs.items()})
+
+    def __repr__(self):
+        return "<the candidate's %s %s>" % (object.__getattribute__(self, "_tb_name"),
+                                             object.__getattribute__(self, "_tb_kind"))
+
+    def __eq__(self, other):  # identity: the candidate's __eq__ never decides a test
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    __hash__ = object.__hash__
+
+    def _no_order(self, other):
+        raise TypeError("the candidate's objects are not ordered in a trusted test: "
+                        "compare plain data (docs/judge.md, repository tasks)")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _no_order
+
+    def __str__(self):
+        return _op(self, "str")
+
+    def __bool__(self):
+        return _op(self, "bool") is True
+
+    def __len__(self):
+        return _op(self, "len")
+
+    def __iter__(self):
+        return iter(_op(self, "iter"))
+
+    def __next__(self):
+        return _op(self, "next")
+
+    def __getitem__(self, key):
+        return _op(self, "getitem", key)
+
+    def __setitem__(self, key, value):
+        _op(self, "setitem", key, value)
+
+    def __delitem__(self, key):
+        _op(self, "delitem", key)
+
+    def __contains__(self, item):
+        return _op(self, "contains", item) is True
+
+    def __int__(self):
+        return _op(self, "int")
+
+    def __float__(self):
+        return _op(self, "float")
+
+    def __index__(self):
+        return _op(self, "index")
+
+    def __abs__(self):
+        return _op(self, "abs")
+
+    def __neg__(self):
+        return _op(self, "neg")
+
+    def __add__(self, other):
+        return _op(self, "add", other)
+
+    def __radd__(self, other):
+        return _op(self, "radd", other)
+
+    def __sub__(self, other):
+        return _op(self, "sub", other)
+
+    def __rsub__(self, other):
+        return _op(self, "rsub", other)
+
+    def __mul__(self, other):
+        return _op(self, "mul", other)
+
+    def __rmul__(self, other):
+        return _op(self, "rmul", other)
+
+    def __truediv__(self, other):
+        return _op(self, "truediv", other)
+
+    def __floordiv__(self, other):
+        return _op(self, "floordiv", other)
+
+    def __mod__(self, other):
+        return _op(self, "mod", other)
+
+    def __enter__(self):
+        return _op(self, "enter")
+
+    def __exit__(self, *exc):
+        _op(self, "exit")
+        return False
+
+
+class RemoteModule(types.ModuleType):
+    """A module of the candidate's tree: its attributes live in the candidate's process.
+    (What the import system sets — `__spec__`, `__path__`, submodules — is local.)"""
+
+    def __getattr__(self, name):
+        ref = self.__dict__.get("_tb_ref")
+        if ref is None or name.startswith("_tb_"):
+            raise AttributeError(name)
+        return _ask("getattr", ref, name)
+
+
+class RemoteLoader:
+    """Makes a RemoteModule for a module of the candidate's tree: the candidate's
+    process imports it (raising here what its import raised)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def create_module(self, spec):
+        return RemoteModule(spec.name)
+
+    def exec_module(self, module):
+        reply = _CHANNEL.ask(["import", self.name])
+        if type(reply) is list and len(reply) == 5 and reply[0] == "r" \
+                and reply[2] == "module" and type(reply[1]) is int:
+            module._tb_ref = reply[1]
+            return
+        _answer(reply)  # raises what the import raised
+        raise ImportError("the candidate's process did not import %s" % self.name)
+
+
+def connect(repo_tops, fd=CANDIDATE_FD):
+    """Open the channel to the candidate's process; `repo_tops` are the top-level names
+    of the candidate's tree (modules by those names are remote)."""
+    global _CHANNEL
+    _CHANNEL = _Channel(fd)
+    _REPO_TOPS.update(repo_tops)
+    sys.modules.setdefault("_trialbox_repo_proxy", sys.modules[__name__])
