@@ -27,3 +27,22 @@ def test_fake_is_a_sandbox_and_runs_code_through_its_handler():
         with pytest.raises(UsageError):
             await sb.exec(["true"])
     asyncio.run(body())
+
+
+def test_fake_provider_is_a_provider_and_hands_out_fresh_sessions():
+    from trialbox.sandbox.base import SandboxProvider
+    from trialbox.sandbox.fake import FakeProvider
+    from trialbox.types import Limits
+
+    async def body():
+        provider = FakeProvider()
+        assert isinstance(provider, SandboxProvider)
+        a = await provider.open(Limits(wall_s=2))
+        b = await provider.open()
+        assert a is not b and provider.opened == [a, b]
+        assert a.limits.wall_s == 2 and b.limits == Limits()
+        await a.write_file("x", b"1")
+        assert await b.list_files() == []          # sessions share nothing
+        with pytest.raises(UsageError, match="Limits"):
+            await provider.open({"wall_s": 2})     # type: ignore[arg-type]
+    asyncio.run(body())

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from trialbox.types import ExecResult, Limits
+from trialbox.types import ExecResult, Limits, Runtime
 
 
 @runtime_checkable
@@ -76,3 +76,28 @@ class Sandbox(Protocol):
     async def __aenter__(self) -> Sandbox: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class SandboxProvider(Protocol):
+    """Hands out sessions of one tier running one environment: the one way upper layers
+    get a sandbox (DESIGN.md decision 8). The judge, the agent loop, eval and the service
+    hold a provider, never a concrete pool, so another tier, a remote node or
+    `FakeProvider` (fake.py) slots in where the namespace tier's `CellPool` stands.
+
+        provider: SandboxProvider = await CellPool(PoolConfig()).start()
+        async with await provider.open(Limits(wall_s=2)) as sb:
+            result = await sb.exec(["python3", "-c", "print(1)"])
+        assert result.runtime == provider.runtime.id
+
+    `open` raises only for the caller's mistakes (UsageError) and broken machinery
+    (InfraError, e.g. SandboxStartError); never for anything a candidate did."""
+
+    tier: str
+    """The isolation tier of every session handed out (`namespace`, `fake`, ...)."""
+    runtime: Runtime
+    """The environment sessions run against; results record `runtime.id`."""
+
+    async def open(self, limits: Limits | None = None) -> Sandbox:
+        """A new session with these limits (the tier's defaults when None)."""
+        ...

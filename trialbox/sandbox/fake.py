@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from trialbox.errors import UsageError
 from trialbox.sandbox.mounts import _parts
-from trialbox.types import ExecResult, ExecStatus, Limits
+from trialbox.types import ExecResult, ExecStatus, Limits, Runtime
 
 Handler = Callable[[list[str], bytes, dict[str, bytes]], Awaitable[ExecResult]]
 
@@ -83,3 +83,29 @@ class FakeSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class FakeProvider:
+    """A `SandboxProvider` of `FakeSandbox` sessions, all with one `handler`; every session
+    opened is kept in `opened` (in order) for tests to inspect.
+
+        provider = FakeProvider(handler)
+        judge_something(task, answer, provider)
+        assert all(sb.closed for sb in provider.opened)
+    """
+
+    tier = "fake"
+
+    def __init__(self, handler: Handler = _ok,
+                 runtime: Runtime = Runtime("fake", "/usr/bin/python3", "3.11")):
+        self.handler = handler
+        self.runtime = runtime
+        self.opened: list[FakeSandbox] = []
+
+    async def open(self, limits: Limits | None = None) -> FakeSandbox:
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a trialbox.types.Limits, got "
+                             f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
+        sb = FakeSandbox(self.handler, limits)
+        self.opened.append(sb)
+        return sb
