@@ -85,6 +85,9 @@ class FakeSandbox:
         await self.close()
 
 
+FAKE_RUNTIME = Runtime("fake", "/usr/bin/python3", "3.11")
+
+
 class FakeProvider:
     """A `SandboxProvider` of `FakeSandbox` sessions, all with one `handler`; every session
     opened is kept in `opened` (in order) for tests to inspect.
@@ -96,8 +99,7 @@ class FakeProvider:
 
     tier = "fake"
 
-    def __init__(self, handler: Handler = _ok,
-                 runtime: Runtime = Runtime("fake", "/usr/bin/python3", "3.11")):
+    def __init__(self, handler: Handler = _ok, runtime: Runtime = FAKE_RUNTIME):
         self.handler = handler
         self.runtime = runtime
         self.opened: list[FakeSandbox] = []
