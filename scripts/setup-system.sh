@@ -4,6 +4,7 @@
 #   gcc g++  — C/C++ programs compiled and run inside the sandbox
 #   bubblewrap — the isolation baseline `trialbox bench sandbox` measures against
 #   python3-pytest — the test runner of repository tasks, inside the sandbox runtime
+#   (and the isolation tiers' runtimes, below)
 set -euo pipefail
 need=()
 [ -x /usr/bin/python3 ] || need+=(python3)
@@ -14,6 +15,13 @@ need=()
 #              cannot download its own here)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -f /usr/lib/python3/dist-packages/pytest/__init__.py ] || need+=(python3-pytest)
+#   runsc — gVisor, the user-space-kernel tier (ptrace platform); runc, crun — the OCI
+#           container tier; user-mode-linux — a real Linux 6.1 kernel as a process, to
+#           test the namespace tier on cgroup v2 (this host's cgroup v2 has no controllers)
+[ -x /usr/bin/runsc ] || need+=(runsc)
+[ -x /usr/sbin/runc ] || need+=(runc)
+[ -x /usr/bin/crun ] || need+=(crun)
+[ -x /usr/bin/linux ] || need+=(user-mode-linux)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup-system: missing Debian packages: ${need[*]} — run as root or: sudo apt-get install ${need[*]}" >&2
