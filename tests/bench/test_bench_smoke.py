@@ -1,5 +1,7 @@
 """Smoke test of `trialbox bench sandbox`: tiny parameters, every system (trialbox,
-trialbox-1shot, plain, bwrap), sane numbers.
+trialbox-1shot, plain, bwrap, forkserver, bwrap-forkserver), sane numbers, ratios against
+every baseline; and the fork-server baselines do what they claim (a warm fork per run from
+one server per session; no isolation, or bwrap's).
 
 The benchmark runs in a child process, through the same `main` as the CLI: it starts its
 own CellPool and swaps asyncio's child watcher, none of which should touch the test
@@ -8,14 +10,24 @@ process; its exit status and stdout are checked as a user would see them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
 import subprocess
 import sys
 
 import pytest
 
-from trialbox.bench.sandbox import SYSTEMS, TABLE_WIDTH, parse_levels, percentile
+from trialbox.bench.forkserver import BwrapForkServerSystem, ForkServerSystem
+from trialbox.bench.sandbox import (
+    BASELINES,
+    SYSTEMS,
+    TABLE_WIDTH,
+    System,
+    parse_levels,
+    percentile,
+)
 from trialbox.errors import UsageError
 
 ARGS = ["bench", "sandbox", "--json", "--runs", "5", "--seconds", "0.5",
@@ -61,6 +73,9 @@ def test_bench_sandbox_smoke(tmp_path) -> None:
     assert m["nproc"] >= 1 and m["kernel"] and m["python"] and m["date"]
     assert m["pool_shared"] is True  # trialbox-1shot draws from trialbox's pool
     assert "trialbox-1shot" in SYSTEMS
+    assert {"forkserver", "bwrap-forkserver"} <= set(SYSTEMS)
+    assert any(ln.strip().startswith("forkserver ") for ln in table)
+    assert any("tb/fork" in ln and "tb/bwrap-fork" in ln for ln in table)
     assert set(res["systems"]) == set(SYSTEMS)
     assert set(res["latency"]) == set(SYSTEMS) == set(res["throughput"])
     for name in SYSTEMS:
@@ -75,9 +90,11 @@ def test_bench_sandbox_smoke(tmp_path) -> None:
             assert pt["runs_per_s"] > 0 and pt["ok"] > 0 and pt["failed"] == 0, (name, pt)
             assert len(pt["rounds"]) == 2
     ratios = res["ratios"]
+    assert BASELINES == ("plain", "bwrap", "forkserver", "bwrap-forkserver")
     for tb in ("trialbox", "trialbox_1shot"):
-        for other in ("plain", "bwrap"):
+        for other in ("plain", "bwrap", "forkserver", "bwrap_forkserver"):
             assert ratios[f"latency_p50_{other}_over_{tb}"] > 0
+            assert ratios[f"latency_p95_{other}_over_{tb}"] > 0
             assert ratios[f"e2e_p50_{other}_over_{tb}"] > 0
             by_level = ratios[f"throughput_{tb}_over_{other}"]
             assert set(by_level) == {"1", "2"} and all(x > 0 for x in by_level.values())
@@ -86,3 +103,41 @@ def test_bench_sandbox_smoke(tmp_path) -> None:
     assert res["goals"]["throughput_vs_plain"]["system"] == "trialbox"
     assert isinstance(res["goals"]["throughput_vs_plain"]["met"], bool)
     assert isinstance(res["goals"]["latency_p50"]["met"], bool)
+
+
+PROBE = "import os\nprint(os.getpid(), os.getppid(), os.getuid(), os.getcwd(), os.path.isdir(%r))\n"
+
+
+async def _probe(system: System, marker: str) -> list[list[str]]:
+    await system.start()
+    runner = await system.runner()
+    try:
+        rows = []
+        for _ in range(3):
+            out = await runner.run(PROBE % marker)
+            assert out.ok, out.error
+            rows.append(out.stdout.decode().split())
+        bad = await runner.run("import sys; print('partial'); sys.exit(3)")
+        assert not bad.ok and bad.stdout == b"partial\n" and "exit 3" in bad.error
+        boom = await runner.run("raise ValueError('boom')")
+        assert not boom.ok and "ValueError: boom" in boom.error
+        return rows
+    finally:
+        await runner.close()
+        await system.close()
+
+
+@pytest.mark.parametrize("system", [ForkServerSystem, BwrapForkServerSystem])
+def test_fork_server_baselines(system: type[System], tmp_path) -> None:
+    """Per run a fresh process (new pid) forked by the same server (same parent) — the
+    pre-fork design; forkserver sees the host (root, the host's directories);
+    bwrap-forkserver runs as uid 1000 in /workspace and cannot see the host's /tmp."""
+    marker = str(tmp_path)
+    rows = asyncio.run(_probe(system(), marker))
+    pids, parents = {r[0] for r in rows}, {r[1] for r in rows}
+    assert len(pids) == 3 and len(parents) == 1, rows
+    if system is ForkServerSystem:
+        assert all(r[2] == str(os.getuid()) and r[4] == "True" for r in rows), rows
+    else:
+        assert all(r[2] == "1000" and r[3] == "/workspace" and r[4] == "False"
+                   for r in rows), rows

@@ -1,5 +1,5 @@
 """`trialbox bench sandbox`: start latency and throughput of the namespace tier, measured
-side by side with two baselines in the same run.
+side by side with four baselines in the same run.
 
     trialbox bench sandbox [--json] [--runs N] [--seconds S] [--concurrency 1,2,4,8]
                            [--out FILE]
@@ -23,12 +23,21 @@ Systems:
   uid/gid 1000, no capabilities, no_new_privs, and trialbox's own seccomp filter. bwrap
   has no cgroup limits (memory, pids, CPU accounting) and sets no rlimits: its isolation
   does less work per run than trialbox-1shot's.
+* ``forkserver`` — trialbox's pre-fork design with no isolation (`forkserver.py`): a
+  ``/usr/bin/python3`` fork server per session pre-forks a child that waits for a go,
+  then runs the program. trialbox against it shows the cost of isolation itself, since
+  both start Python warm.
+* ``bwrap-forkserver`` — the same fork server started once per session inside bwrap
+  (the ``bwrap`` system's isolation, set up once); per run only a fork inside it.
+
+The ratios are printed against every baseline: start p50 and p95, e2e p50, throughput.
 
 Metric A, start-to-first-instruction latency: SNIPPET prints ``time.monotonic_ns()``;
 latency is that value minus ``time.monotonic_ns()`` taken just before the call (every
 process shares CLOCK_MONOTONIC; neither trialbox nor bwrap unshares the time namespace).
 The runs are sequential and interleaved round-robin (trialbox, trialbox-1shot, plain,
-bwrap, trialbox, …) after a few warm-up runs, so machine noise hits every system alike.
+bwrap, forkserver, bwrap-forkserver, trialbox, …) after a few warm-up runs, so machine
+noise hits every system alike.
 Between two calls the harness waits, off the clock, until the trialbox pool has refilled
 and removed the cgroups of closed cells, so each call starts on a quiet machine (and a
 trialbox-1shot call finds a warm cell waiting); the cost of refilling shows in the
@@ -36,11 +45,11 @@ throughput figures instead. trialbox-1shot's e2e figure includes opening and clo
 the session.
 
 Metric B, throughput: runs per second of ``print(1)`` with N concurrent workers for S
-seconds per point (trialbox: one session per worker, opened off the clock;
-trialbox-1shot: a session opened and closed per run, on the clock). A run counts only if it exited 0
-and printed exactly ``1``; failures are counted and reported apart. For each level the
-systems run one after another; the whole set runs twice and the median of the two rounds
-is reported.
+seconds per point (trialbox, forkserver, bwrap-forkserver: one session per worker,
+opened off the clock; trialbox-1shot: a session opened and closed per run, on the
+clock). A run counts only if it exited 0 and printed exactly ``1``; failures are
+counted and reported apart. For each level the systems run one after another; the
+whole set runs twice and the median of the two rounds is reported.
 
 Output: a table on stdout; with --json the results as one JSON object on the last line;
 --out FILE writes the same JSON to FILE. Missing a goal is a measurement, not an error:
@@ -75,7 +84,13 @@ SNIPPET_START = "import time; print(time.monotonic_ns())"
 SNIPPET_PRINT = "print(1)"
 PYTHON = "/usr/bin/python3"
 BWRAP = "/usr/bin/bwrap"
-SYSTEMS = ("trialbox", "trialbox-1shot", "plain", "bwrap")
+SYSTEMS = ("trialbox", "trialbox-1shot", "plain", "bwrap", "forkserver", "bwrap-forkserver")
+BASELINES = ("plain", "bwrap", "forkserver", "bwrap-forkserver")
+SHORT = {"trialbox": "trialbox", "trialbox-1shot": "1shot", "plain": "plain",
+         "bwrap": "bwrap", "forkserver": "fork", "bwrap-forkserver": "bwrap-fork"}
+"""Column headings of the throughput table."""
+INITIALS = {"trialbox": "t", "trialbox-1shot": "1", "plain": "p", "bwrap": "b",
+            "forkserver": "f", "bwrap-forkserver": "bf"}
 ROUNDS = 2
 LATENCY_WARMUP = 5
 THROUGHPUT_WARMUP = 2  # runs per worker before each point, not counted
@@ -102,6 +117,15 @@ ISOLATION = {
              "/usr root, tmpfs /tmp and /workspace, --clearenv, uid 1000, --cap-drop ALL, "
              "no_new_privs, trialbox's seccomp filter, all set up per run; NO cgroup "
              "limits, NO rlimits",
+    "forkserver": "none, but warm: one /usr/bin/python3 fork server per session (per "
+                  "worker, started off the clock) pre-forks a child that waits for a go "
+                  "(the program, its stdout/stderr fds over a socketpair) and runs it; "
+                  "per run one fork — trialbox's pre-fork design with no isolation",
+    "bwrap-forkserver": "the bwrap system's isolation (namespaces, read-only /usr root, "
+                        "tmpfs /tmp and /workspace, uid 1000, caps dropped, seccomp) "
+                        "set up ONCE per session around the same fork server; per run "
+                        "only a fork inside it; NO cgroup limits, NO rlimits, nothing "
+                        "renewed between runs",
 }
 
 
@@ -600,26 +624,28 @@ def render_table(res: dict[str, Any]) -> str:
         (f"A. Start-to-first-instruction latency, ms — {p['runs']} sequential runs per "
          f"system after {p['latency_warmup']} warm-up, round-robin"),
         f"   snippet: {SNIPPET_START!r}",
-        (f"   {'system':<16}{'p50':>9}{'p95':>9}{'min':>9}{'e2e p50':>10}{'e2e p95':>10}"
+        (f"   {'system':<18}{'p50':>9}{'p95':>9}{'min':>9}{'e2e p50':>10}{'e2e p95':>10}"
          f"{'runs':>7}{'failed':>8}"),
     ]
     lat = res["latency"]
     for name in SYSTEMS:
         if name not in lat:
-            lines.append(f"   {name:<16}  (did not run)")
+            lines.append(f"   {name:<18}  (did not run)")
             continue
         r = lat[name]
-        lines.append(f"   {name:<16}{_fmt(r['p50_ms']):>9}{_fmt(r['p95_ms']):>9}"
+        lines.append(f"   {name:<18}{_fmt(r['p50_ms']):>9}{_fmt(r['p95_ms']):>9}"
                      f"{_fmt(r['min_ms']):>9}{_fmt(r['e2e_p50_ms']):>10}"
                      f"{_fmt(r['e2e_p95_ms']):>10}{r['runs']:>7}{r['failed']:>8}")
     ra, g = res["ratios"], res["goals"]
-    lines.append("   start p50 speed-up, other system's p50 / this one's (e2e p50 likewise):")
+    lines.append("   speed-up, the baseline's latency / this system's (> 1: this one starts "
+                 "faster):")
+    lines.append(f"   {'':<22}" + "".join(f"{'vs ' + SHORT[o]:>15}" for o in BASELINES))
     for name in ("trialbox", "trialbox-1shot"):
         k = _key(name)
-        lines.append(f"     {name:<16}{_fmt_x(ra[f'latency_p50_plain_over_{k}']):>7} vs plain"
-                     f"{_fmt_x(ra[f'latency_p50_bwrap_over_{k}']):>9} vs bwrap   (e2e: "
-                     f"{_fmt_x(ra[f'e2e_p50_plain_over_{k}'])} vs plain, "
-                     f"{_fmt_x(ra[f'e2e_p50_bwrap_over_{k}'])} vs bwrap)")
+        for metric, label in (("latency_p50", "p50"), ("latency_p95", "p95"),
+                              ("e2e_p50", "e2e p50")):
+            lines.append(f"     {SHORT[name] + ' ' + label:<20}" + "".join(
+                f"{_fmt_x(ra[f'{metric}_{_key(o)}_over_{k}']):>15}" for o in BASELINES))
     gl = g["latency_p50"]
     one_p50 = lat.get("trialbox-1shot", {}).get("p50_ms")
     lines.append(f"   goal: trialbox p50 <= {gl['target_ms']:g} ms — {_met(gl['met'])} "
@@ -629,9 +655,8 @@ def render_table(res: dict[str, Any]) -> str:
         "",
         (f"B. Throughput, runs/s of {SNIPPET_PRINT!r} — {p['seconds']:g} s per point, "
          f"median of {p['rounds']} rounds (each round's figures in the JSON)"),
-        (f"   {'conc':<6}{'trialbox':>10}{'1shot':>9}{'plain':>9}{'bwrap':>9}"
-         f"{'tb/plain':>10}{'1shot/plain':>13}{'tb/bwrap':>10}"
-         f"{'goal >=' + format(GOAL_THROUGHPUT_X, 'g') + 'x':>11}{'failed t/1/p/b':>16}"),
+        (f"   {'conc':<6}" + "".join(f"{SHORT[n]:>11}" for n in SYSTEMS)
+         + f"{'failed ' + '/'.join(INITIALS[n] for n in SYSTEMS):>20}"),
     ]
     thr = res["throughput"]
     gt = g["throughput_vs_plain"]
@@ -642,14 +667,20 @@ def render_table(res: dict[str, Any]) -> str:
             return _fmt(thr[name][key]["runs_per_s"], 1) if name in thr else "-"
 
         fails = "/".join(str(thr[n][key]["failed"]) if n in thr else "-" for n in SYSTEMS)
+        lines.append(f"   {lv:<6}" + "".join(f"{rate(n):>11}" for n in SYSTEMS)
+                     + f"{fails:>20}")
+    lines.append("   speed-up, this system's runs/s / the baseline's (> 1: this one is "
+                 "faster):")
+    lines.append(f"   {'conc':<6}" + "".join(f"{'tb/' + SHORT[o]:>15}" for o in BASELINES)
+                 + f"{'1shot/plain':>13}{'goal >=' + format(GOAL_THROUGHPUT_X, 'g') + 'x':>11}")
+    for lv in p["concurrency"]:
+        key = str(lv)
         met = gt["by_level"].get(key)
-        lines.append(f"   {lv:<6}{rate('trialbox'):>10}{rate('trialbox-1shot'):>9}"
-                     f"{rate('plain'):>9}{rate('bwrap'):>9}"
-                     f"{_fmt_x(ra['throughput_trialbox_over_plain'].get(key)):>10}"
-                     f"{_fmt_x(ra['throughput_trialbox_1shot_over_plain'].get(key)):>13}"
-                     f"{_fmt_x(ra['throughput_trialbox_over_bwrap'].get(key)):>10}"
-                     f"{_met(met) if met is not None else '-':>11}"
-                     f"{fails:>16}")
+        lines.append(f"   {lv:<6}" + "".join(
+            f"{_fmt_x(ra[f'throughput_trialbox_over_{_key(o)}'].get(key)):>15}"
+            for o in BASELINES)
+            + f"{_fmt_x(ra['throughput_trialbox_1shot_over_plain'].get(key)):>13}"
+            + f"{_met(met) if met is not None else '-':>11}")
     one = [x for x in ra["throughput_trialbox_1shot_over_plain"].values() if x is not None]
     one_text = ("-" if not one else _fmt_x(one[0]) if len(one) == 1 else
                 f"{_fmt_x(min(one))} to {_fmt_x(max(one))}")
@@ -657,7 +688,7 @@ def render_table(res: dict[str, Any]) -> str:
                  f"{_met(gt['met'])} (trialbox-1shot, not a goal: {one_text} plain)")
     lines += ["", "Isolation compared:"]
     for n in SYSTEMS:
-        lines += _wrap(ISOLATION[n], f"   {n:<15} ", " " * 19)
+        lines += _wrap(ISOLATION[n], f"   {n:<17} ", " " * 21)
     lines += notes_and_problems(res)
     return "\n".join(lines)
 
@@ -677,13 +708,14 @@ def build_results(params: dict[str, Any], machine: dict[str, Any],
     ratios: dict[str, Any] = {}
     for tb in ("trialbox", "trialbox-1shot"):
         k = _key(tb)
-        for other in ("plain", "bwrap"):
-            ratios[f"latency_p50_{other}_over_{k}"] = _r(_ratio(p50(other), p50(tb)), 2)
-        for other in ("plain", "bwrap"):
-            ratios[f"e2e_p50_{other}_over_{k}"] = _r(
+        for other in BASELINES:
+            o = _key(other)
+            ratios[f"latency_p50_{o}_over_{k}"] = _r(_ratio(p50(other), p50(tb)), 2)
+            ratios[f"latency_p95_{o}_over_{k}"] = _r(
+                _ratio(p50(other, "p95_ms"), p50(tb, "p95_ms")), 2)
+            ratios[f"e2e_p50_{o}_over_{k}"] = _r(
                 _ratio(p50(other, "e2e_p50_ms"), p50(tb, "e2e_p50_ms")), 2)
-        for other in ("plain", "bwrap"):
-            ratios[f"throughput_{k}_over_{other}"] = {
+            ratios[f"throughput_{k}_over_{o}"] = {
                 lv: _r(_ratio(rate(tb, lv), rate(other, lv)), 2) for lv in levels}
     tb_plain: dict[str, float | None] = ratios["throughput_trialbox_over_plain"]
     tb_p50 = p50("trialbox")
@@ -736,6 +768,14 @@ def build_results(params: dict[str, Any], machine: dict[str, Any],
          "starts; trialbox-1shot: one session per run, opened and closed on the clock."),
         (f"plain and bwrap get the environment {SMALL_ENV} and are reaped through "
          f"asyncio's {machine.get('child_watcher', '?')}."),
+        ("forkserver and bwrap-forkserver start Python warm, as trialbox does: a "
+         "/usr/bin/python3 fork server per session (per worker, started off the clock, "
+         "bwrap-forkserver's inside one bwrap sandbox) pre-forks a child that waits for "
+         "the go (the program and its stdout/stderr descriptors over a socketpair), runs "
+         "it with exec() and exits; the server reaps it, sends its exit status and "
+         "pre-forks the next. trialbox vs forkserver is the cost of trialbox's isolation "
+         "itself; vs bwrap-forkserver, of its isolation beyond bwrap's (a user namespace, "
+         "seccomp and rlimits per run, cgroup limits and accounting)."),
     ]
     return {
         "benchmark": "sandbox", "schema": 1, "params": params, "machine": machine,
@@ -774,11 +814,14 @@ def _pidfd_child_watcher() -> Any:
 
 
 async def _run(params: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]:
+    from trialbox.bench.forkserver import BwrapForkServerSystem, ForkServerSystem
+
     problems: list[str] = []
     ctor: dict[str, Callable[[], System]] = {
         "trialbox": TrialboxSystem,
         "trialbox-1shot": lambda: TrialboxOneShotSystem(systems.get("trialbox")),
-        "plain": PlainSystem, "bwrap": BwrapSystem}
+        "plain": PlainSystem, "bwrap": BwrapSystem, "forkserver": ForkServerSystem,
+        "bwrap-forkserver": BwrapForkServerSystem}
     systems: dict[str, System] = {}
     try:
         for name in SYSTEMS:
