@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--time-scale", type=float, default=None, metavar="K",
                    help="function and stdio tasks: each test's time limit is K x the "
                    "reference solution's time on it (measured once per task; floor 0.5 s)")
+    e.add_argument("--amplified", default=None, metavar="FILE",
+                   help="function tasks: add the amplified tests stored in FILE (python -m "
+                   "trialbox.judge.amplify) to each task's hidden tests")
 
     a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
     asub = a.add_subparsers(dest="audit", required=True)
@@ -211,7 +214,11 @@ async def _eval(args: argparse.Namespace) -> int:
     from trialbox.judge.stdio import StdioJudgeConfig
     from trialbox.sandbox import CellPool
     from trialbox.store.tasks import index, load_tasks
-    tasks = index(load_tasks(args.tasks))
+    loaded = load_tasks(args.tasks)
+    if args.amplified:
+        from trialbox.judge.amplify import apply, load
+        loaded = apply(loaded, load(args.amplified))
+    tasks = index(loaded)
     samples = read_samples(args.samples)
     try:
         out = open(args.out, "w")

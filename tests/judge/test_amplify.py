@@ -113,3 +113,21 @@ def test_solutions_fitted_to_the_original_tests_fail_the_amplified_ones(
 def test_tasks_without_amplified_tests_are_unchanged(amplified, subset):
     other = replace(subset[0], task_id="elsewhere")
     assert amplify.apply([other], amplified) == [other]
+
+
+def test_eval_opts_in_with_amplified(amplified, subset, tmp_path):
+    """`trialbox eval --amplified FILE`: the same samples, graded with the stored set."""
+    from trialbox.cli import main
+    amplify.save(amplified, str(tmp_path / "amp.json"))
+    gcd = next(t for t in subset if t.task_id == "HumanEval/13")
+    rows = [{"task_id": gcd.task_id, "completion": gcd.canonical_solution},
+            {"task_id": gcd.task_id, "completion": OFF_BY_ONE[gcd.task_id]}]
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outcomes = {}
+    for extra in ([], ["--amplified", str(tmp_path / "amp.json")]):
+        out = tmp_path / "o.jsonl"
+        assert main(["eval", "--tasks", "humaneval", "--samples", str(tmp_path / "s.jsonl"),
+                     "--out", str(out), "--workers", "1", *extra]) == 0
+        outcomes[bool(extra)] = [json.loads(x)["outcome"] for x in out.read_text().split("\n")
+                                 if x]
+    assert outcomes == {False: ["passed", "passed"], True: ["passed", "failed"]}
