@@ -1,5 +1,13 @@
 """Judging repository tasks: a file tree and trusted pytest tests.
 
+Two tiers (`RepoJudgeConfig.tier`). On the *trusted* tier (the default,
+`_attempt_trusted`) the tests and the runner below run in a sandbox no candidate code
+enters, and the candidate's tree — without the hidden tests — in a second sandbox whose
+stub (repo_stub.py) serves its modules to the tests' process (repo_proxy.py) as plain
+data or references: the report is evidence the candidate cannot reach. On the
+*in-process* tier (`_attempt`, opt-in) the runner imports the candidate's code itself,
+as drawn here:
+
     judge (this process)                          grading sandbox (fresh per attempt)
       candidate_tree(): the answer (a diff or       /workspace/repo/      the tree, with the
         files) on the starting tree, stripped of       trusted test files written over it
@@ -20,9 +28,10 @@ call and teardown all passed (skips and xfails are not passes); a test function 
 trusted files define that never reports fails. Hidden test files are written only into
 this grading sandbox, and their failures are reported without details.
 
-What candidate code running inside the pytest process can still do is in docs/judge.md
-("Repository tasks: residual risk"). Infrastructure failures are retried and, if they
-persist, graded INFRA (reward None); a runner that never starts is ERROR (excluded).
+What the trusted tier guarantees and cannot run, and what candidate code inside the
+pytest process can still do on the in-process tier, are in docs/judge.md.
+Infrastructure failures are retried and, if they persist, graded INFRA (reward None); a
+runner that never starts is ERROR (excluded).
 """
 
 from __future__ import annotations
