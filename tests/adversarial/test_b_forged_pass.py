@@ -232,3 +232,61 @@ def test_repository_attacks_do_not_pass(runner, name):
     assert g.outcome is not Outcome.PASSED and reward_of(g) == 0.0, (g.outcome, g.message)
     assert not any(t.passed for t in g.tests if t.hidden), g.tests
     assert len([t for t in g.tests if t.hidden]) == 2, g.tests
+
+
+STATS = Task(
+    "stats-b", TaskKind.REPO, prompt="Implement stats.mean and stats.digits.",
+    files=(("stats.py", b"def mean(xs):\n    return 0.0\n\n\ndef digits(n):\n    return []\n"),),
+    test_files=(("tests/test_stats.py",
+                 b"from stats import digits, mean\n\n\ndef test_visible():\n"
+                 b"    assert mean([2, 2]) == 2 and digits(7) == [7]\n"),),
+    hidden_test_files=(("tests/test_tol.py", (  # collected after test_stats.py
+        b"from stats import digits, mean\n\n\n"
+        b"def test_mean():\n    assert abs(mean([1, 2]) - 1.5) < 1e-9\n"
+        b"    assert abs(mean([0.1, 0.2]) - 0.15) < 1e-9\n\n\n"
+        b"def test_digits():\n    assert 3 in digits(123) and 4 in digits(45)\n")),),
+    test_command=("pytest",))
+
+DUNDER_ATTACKS = {
+    # an answer whose arithmetic says "no difference" to whatever it is compared with
+    "sub-is-zero": '''
+class Near:
+    def __sub__(self, other):
+        return 0.0
+
+    __rsub__ = __sub__
+
+
+def mean(xs):
+    return 2 if xs == [2, 2] else Near()
+
+
+def digits(n):
+    return [int(c) for c in str(n)]
+''',
+    # an answer that contains everything
+    "contains-everything": '''
+class Everything:
+    def __contains__(self, item):
+        return not 0
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def digits(n):
+    return [7] if n == 7 else Everything()
+''',
+}
+
+
+@pytest.mark.parametrize("name", sorted(DUNDER_ATTACKS))
+def test_answers_whose_operators_decide_do_not_pass(runner, name):
+    """The always-equal trick through other operators: `abs(answer - expected) < tol`
+    and `x in answer` asked of the candidate's own object. Both passed ba86c07."""
+    g = runner.run(judge_repo(STATS, {"stats.py": DUNDER_ATTACKS[name]}, runner.pool, REPO))
+    assert g.outcome is not Outcome.PASSED and reward_of(g) == 0.0, (g.outcome, g.message)
+    hidden = {t.name.split("::")[1]: t.passed for t in g.tests if t.hidden}
+    honest = "test_digits" if name == "sub-is-zero" else "test_mean"  # right, that one
+    assert hidden == {"test_mean": False, "test_digits": False, honest: True}, g.tests

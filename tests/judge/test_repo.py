@@ -289,11 +289,15 @@ SHAPES = Task(
         b"    with pytest.raises(EmptyError):\n        core.Stack().pop()\n"
         b"    with pytest.raises(ShapeError, match='empty'):\n        core.Stack().pop()\n"
         b"    with pytest.raises(ValueError):\n        core.Stack().pop()\n"
-        b"    with pytest.raises(TypeError):\n        shapes.area(None)\n")),),
+        b"    with pytest.raises(TypeError):\n        shapes.area(None)\n\n\n"
+        b"def test_monkeypatch_reaches_the_candidate(monkeypatch):\n"
+        b"    monkeypatch.setattr(core, 'UNITS', {'m': 2.0})\n"
+        b"    assert core.unit('m') == 2.0 and core.UNITS == {'m': 2.0}\n")),),
     test_command=("pytest",))
 SHAPES_GOOD = {"shapes/core.py": (
     "from shapes.errors import EmptyError\n\nUNITS = {'m': 1.0}\n\n\n"
     "def area(wh):\n    w, h = wh\n    return w * h\n\n\n"
+    "def unit(name):\n    return UNITS[name]\n\n\n"
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
     "    def push(self, x):\n        self.items.append(x)\n\n"
     "    def pop(self):\n        if not self.items:\n"
@@ -310,7 +314,7 @@ SHAPES_GOOD = {"shapes/core.py": (
 def test_a_correct_package_with_classes_and_exceptions_passes_on_both_tiers(runner, config):
     g = runner.run(judge_repo(SHAPES, SHAPES_GOOD, runner.pool, config))
     assert g.outcome is Outcome.PASSED, (g.message, g.tests)
-    assert len(g.tests) == 3 and g.flags == ()
+    assert len(g.tests) == 4 and g.flags == ()
 
 
 def test_the_trusted_tier_never_lets_the_candidates_objects_decide(runner):
@@ -344,4 +348,4 @@ def test_a_candidate_that_hangs_times_out_and_the_other_tests_still_report(runne
                                        + "\n\ndef area(wh):\n    while True:\n"
                                          "        pass\n"}, runner.pool, slow))
     assert g.outcome is Outcome.TIMEOUT, (g.outcome, g.message)
-    assert len(g.tests) == 3 and not any(t.passed for t in g.tests), g.tests
+    assert len(g.tests) == 4 and not any(t.passed for t in g.tests), g.tests

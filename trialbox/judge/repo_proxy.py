@@ -8,9 +8,10 @@ sandbox, `repo_stub.py` on the other end of fd 4) for it. Plain data — exact b
 types the restricted codec takes whole — crosses as itself, so the test's `==`, `<`,
 `in`, `bool` on it are the interpreter's own, never the candidate's. Anything else stays
 in the candidate's process and is seen here as a `Remote`: calling it, reading or
-setting its attributes, `len`, iteration, indexing, `in`, `bool`, `str` and arithmetic
+setting its attributes, `len`, iteration, indexing, `bool`, `str`, unary `-` and `abs`
 ask the candidate (the answers are again plain data or references); `==` on it is
-identity (the same remote object), ordering and hashing by value are refused. An
+identity (the same remote object); ordering, binary operators with another value and
+hashing by value are refused, and `in` iterates it (the trusted `==` decides). An
 exception the candidate's code raises is raised here as the builtin exception of that
 name, or as a local stand-in class for one of its own (same name, same hierarchy down
 to the builtin ancestor), so `pytest.raises(ValueError)` and `except errors.Bad:`
@@ -249,8 +250,9 @@ class Remote:
     def __delitem__(self, key):
         _op(self, "delitem", key)
 
-    def __contains__(self, item):
-        return _op(self, "contains", item) is True
+    # No __contains__: `x in obj` iterates (the items cross as plain data and the
+    # trusted == decides), so an object whose __contains__ says yes to anything cannot
+    # pass a membership test.
 
     def __int__(self):
         return _op(self, "int")
@@ -267,32 +269,18 @@ class Remote:
     def __neg__(self):
         return _op(self, "neg")
 
-    def __add__(self, other):
-        return _op(self, "add", other)
+    def _no_operator(self, other):
+        # `abs(f(x) - 1.5) < 1e-6` must not be decided by an object whose __sub__ answers
+        # 0 whatever 1.5 is: an operator with a trusted operand is refused, as == is.
+        raise TypeError("an operator between the candidate's object and another value "
+                        "is not evaluated in a trusted test (the candidate's method "
+                        "would see the expected value): compare plain data "
+                        "(docs/judge.md, repository tasks)")
 
-    def __radd__(self, other):
-        return _op(self, "radd", other)
-
-    def __sub__(self, other):
-        return _op(self, "sub", other)
-
-    def __rsub__(self, other):
-        return _op(self, "rsub", other)
-
-    def __mul__(self, other):
-        return _op(self, "mul", other)
-
-    def __rmul__(self, other):
-        return _op(self, "rmul", other)
-
-    def __truediv__(self, other):
-        return _op(self, "truediv", other)
-
-    def __floordiv__(self, other):
-        return _op(self, "floordiv", other)
-
-    def __mod__(self, other):
-        return _op(self, "mod", other)
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_operator
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _no_operator
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __and__ = __rand__ = _no_operator
+    __or__ = __ror__ = __xor__ = __rxor__ = __matmul__ = __rmatmul__ = _no_operator
 
     def __enter__(self):
         return _op(self, "enter")
@@ -304,13 +292,26 @@ class Remote:
 
 class RemoteModule(types.ModuleType):
     """A module of the candidate's tree: its attributes live in the candidate's process.
-    (What the import system sets — `__spec__`, `__path__`, submodules — is local.)"""
+    (What the import system sets — dunders, submodules — is local; anything else a
+    test sets, e.g. through `monkeypatch.setattr`, is set in the candidate's module.)"""
 
     def __getattr__(self, name):
         ref = self.__dict__.get("_tb_ref")
         if ref is None or name.startswith("_tb_"):
             raise AttributeError(name)
         return _ask("getattr", ref, name)
+
+    def __setattr__(self, name, value):
+        ref = self.__dict__.get("_tb_ref")
+        if ref is None or name.startswith("_") or isinstance(value, types.ModuleType):
+            types.ModuleType.__setattr__(self, name, value)
+            return
+        self.__dict__.pop(name, None)
+        _ask("setattr", ref, name, _arg(value))
+
+    def __delattr__(self, name):
+        if name in self.__dict__:
+            types.ModuleType.__delattr__(self, name)
 
 
 class RemoteLoader:
