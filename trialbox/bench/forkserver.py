@@ -17,6 +17,12 @@ show what trialbox's isolation itself costs:
   trialbox's seccomp filter); per run only a fork inside that sandbox. No cgroup, no
   rlimits, nothing renewed between runs of a session (trialbox gives each run a user
   namespace of its own, seccomp, rlimits and cgroup accounting).
+
+Both servers start in a session of their own (bwrap's ``--new-session``; ``setsid`` for
+the unisolated one, so the two get the same treatment). With the kernel's scheduler
+autogroups on, a new session is a new CPU-share group: on a loaded machine both fork
+servers (and bwrap, which also starts a session per run) get a share of their own,
+where trialbox and plain share the bench's. That favours the baselines, never trialbox.
 """
 
 from __future__ import annotations
@@ -137,7 +143,8 @@ class ForkServerRunner(Runner):
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE, env=SMALL_ENV, cwd=cwd, pass_fds=fds)
+                stderr=subprocess.PIPE, env=SMALL_ENV, cwd=cwd, pass_fds=fds,
+                start_new_session=True)
         finally:
             theirs.close()
             if sec_fd is not None:

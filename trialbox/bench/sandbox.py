@@ -574,6 +574,8 @@ def machine_info() -> dict[str, Any]:
         "python_impl": platform.python_implementation(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loadavg_start": list(os.getloadavg()),
+        "sched_autogroup": {"1": "on", "0": "off"}.get(
+            _read("/proc/sys/kernel/sched_autogroup_enabled").strip(), "unknown"),
     }
 
 
@@ -776,6 +778,11 @@ def build_results(params: dict[str, Any], machine: dict[str, Any],
          "pre-forks the next. trialbox vs forkserver is the cost of trialbox's isolation "
          "itself; vs bwrap-forkserver, of its isolation beyond bwrap's (a user namespace, "
          "seccomp and rlimits per run, cgroup limits and accounting)."),
+        ("sessions and CPU share: bwrap (per run), bwrap-forkserver and forkserver (per "
+         "server) each start a session of their own; with the scheduler's autogroups on "
+         f"(here: {machine.get('sched_autogroup', '?')}) each new session is a CPU-share "
+         "group of its own, while trialbox and plain share the bench's. On a loaded "
+         "machine that favours the baselines, never trialbox."),
     ]
     return {
         "benchmark": "sandbox", "schema": 1, "params": params, "machine": machine,
