@@ -10,9 +10,12 @@ load one after the other, in the same run:
 * ``plain`` — a best-effort FastAPI + uvicorn server in this module with the same
   endpoint and response shape: each program runs as ``/usr/bin/python3 -c`` in a plain
   subprocess with a timeout, no isolation, and no per-request cost beyond what running
-  hostile programs on a shared machine needs. A bounded worker pool (`--plain-workers`,
-  default one per core) takes programs from a queue of at most 64 (503 + Retry-After
-  beyond, as trialbox does). Worker slot k runs its programs as its own unprivileged uid
+  hostile programs on a shared machine needs. A bounded worker pool takes programs from a
+  queue of at most 64, 503 + Retry-After beyond: by default trialbox serve's own bounds
+  (8 at once, 64 queued), so both sides admit the same load; `--plain-workers N` sizes
+  the pool otherwise (e.g. to the cores: the mix's hostile programs hold a worker for a
+  wall-clock timeout while burning CPU, so on this mix a pool larger than the cores
+  answers more). Worker slot k runs its programs as its own unprivileged uid
   with RLIMIT_AS/NPROC/CPU; after each run every process of that uid is killed (a fork
   bomb cannot starve the other slots, and nothing it forked outlives its run); output
   is capped at the same 1 MiB trialbox keeps, and a process it cannot start is answered
@@ -108,11 +111,10 @@ MIX: tuple[Program, ...] = (
 # ------------------------------------------------------------------ the plain baseline
 
 def baseline_workers() -> int:
-    """The plain baseline's worker pool: one program at a time per usable core."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """The plain baseline's default worker pool: as many programs at once as `trialbox
+    serve` runs by default (its ServiceConfig.max_running), so both admit the same."""
+    from trialbox.service.config import ServiceConfig
+    return ServiceConfig().max_running
 
 
 def _drop_privileges(uid: int, memory_mb: int, cpu_s: float) -> None:  # child, pre-exec
@@ -223,7 +225,7 @@ async def run_program(slot: int, workdir: str, body: dict[str, Any]) -> dict[str
 
 
 def baseline_app(workers: int, queued: int = BASELINE_QUEUE) -> Any:
-    """The plain baseline: `workers` programs at a time (one per core by default), at most
+    """The plain baseline: `workers` programs at a time (default: trialbox serve's), at most
     `queued` requests waiting for a worker, one more refused at once with 503 +
     Retry-After."""
     from fastapi import FastAPI
@@ -528,7 +530,7 @@ async def _run(params: dict[str, Any]) -> dict[str, Any]:
                 "trialbox: `trialbox serve` defaults (8 runs at once, 64 queued, "
                 "namespace tier, per-client rate limit 200/s); plain: a best-effort "
                 "python3 -c subprocess server behind the same endpoint — "
-                f"{params['plain_workers']} worker(s) (one per core), {BASELINE_QUEUE} "
+                f"{params['plain_workers']} worker(s) (--plain-workers), {BASELINE_QUEUE} "
                 "queued, 503 + Retry-After beyond; per worker slot its own unprivileged "
                 f"uid, RLIMIT_AS/NPROC({BASELINE_NPROC})/CPU, every process of that uid "
                 "killed after each run, a 1 MiB output cap; no isolation, no per-request "
@@ -573,7 +575,8 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--seconds", type=float, default=60.0,
                    help="seconds of load per system (default 60)")
     p.add_argument("--plain-workers", type=int, default=None,
-                   help="programs the plain baseline runs at once (default: one per core)")
+                   help="programs the plain baseline runs at once (default 8, as "
+                   "trialbox serve)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--out", help="also write the JSON results to this file")
 
