@@ -349,3 +349,27 @@ def test_a_candidate_that_hangs_times_out_and_the_other_tests_still_report(runne
                                          "        pass\n"}, runner.pool, slow))
     assert g.outcome is Outcome.TIMEOUT, (g.outcome, g.message)
     assert len(g.tests) == 4 and not any(t.passed for t in g.tests), g.tests
+
+
+def test_the_candidates_sandbox_failing_is_infra_only_before_it_answered():
+    """An infrastructure failure is proven, never assumed: once the candidate's process
+    has answered the tests, whatever became of its run (a sandbox status it could cause
+    itself) does not excuse the failures the trusted report shows."""
+    from trialbox.judge.repo import _grade, graded_modules
+    from trialbox.types import ExecResult, ExecStatus
+
+    def records(answers):
+        recs = [{"t": "start"}] + [
+            {"t": "test", "id": "tests/test_ops.py::test_add", "when": w,
+             "outcome": "failed" if w == "call" else "passed", "msg": "assert -1 == 3"}
+            for w in ("setup", "call", "teardown")]
+        recs.append({"t": "end", "finished": True, "answers": answers, "count": 5})
+        return b"\n".join(json.dumps({**x, "nonce": "n", "seq": i}).encode()
+                          for i, x in enumerate(recs))
+    task = replace(TASK, hidden_test_files=())
+    ok = ExecResult(ExecStatus.OK)
+    broken = ExecResult(ExecStatus.INFRA, message="the cell died")
+    g = _grade(task, graded_modules(task), "n", records(0), ok, 1.0, broken)
+    assert g.outcome is Outcome.INFRA and "candidate's sandbox" in g.message
+    g = _grade(task, graded_modules(task), "n", records(3), ok, 1.0, broken)
+    assert g.outcome is Outcome.FAILED, g

@@ -428,11 +428,16 @@ def _grade(task: Task, modules: list[str], nonce: str, data: bytes, r: ExecResul
     rc = rc or r
     common: dict[str, Any] = {"wall_ms": round(wall_ms, 3), "candidate_cpu_ms": rc.cpu_ms,
                               "candidate_peak_memory_bytes": rc.peak_memory_bytes}
-    for run, who in ((r, "grading sandbox"), (rc, "candidate's sandbox")):
-        if run.status is ExecStatus.INFRA:
-            return Grade(task.task_id, Outcome.INFRA, message=f"{who}: {run.message}",
-                         **common)
+    if r.status is ExecStatus.INFRA:
+        return Grade(task.task_id, Outcome.INFRA, message=f"grading sandbox: {r.message}",
+                     **common)
     rep = parse_records(data, nonce)
+    if rc is not r and rc.status is ExecStatus.INFRA and not (rep.end or {}).get("answers"):
+        # Proven, not assumed: the candidate's sandbox failed before its process answered
+        # anything. Once it has answered, whatever became of its run is its own doing,
+        # and the tests' report stands.
+        return Grade(task.task_id, Outcome.INFRA,
+                     message=f"candidate's sandbox: {rc.message}", **common)
     if rep.start is None:
         return Grade(task.task_id, Outcome.ERROR, message=(
             f"the test runner did not start (status {r.status.value} {r.message}): "

@@ -353,6 +353,7 @@ def main():
     if _PLUGIN.check_final:
         send({"t": "tamper", "what": _PLUGIN.check_final})
     send({"t": "end", "exit": int(code), "finished": _state["finished"],
+          "answers": PROXY.answers() if PROXY is not None else None,
           "count": _state["seq"] + 1})
     sys.stdout.flush()
     os._exit(0)  # no atexit handler of the candidate's runs after the verdict

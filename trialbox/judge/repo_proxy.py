@@ -47,6 +47,7 @@ class _Channel:
     def __init__(self, fd):
         self.fd = fd
         self.received = 0
+        self.answers = 0  # frames the candidate's process answered: proof it ran
         self.gone = None
 
     def _read_exact(self, n):
@@ -78,7 +79,9 @@ class _Channel:
             body = self._read_exact(n)
             if body is None:
                 return self._lose("the candidate's process ended")
-            return codec.decode(body)
+            value = codec.decode(body)
+            self.answers += 1
+            return value
         except OSError as e:
             return self._lose("the channel to the candidate's process failed: %s"
                               % e.strerror)
@@ -332,6 +335,11 @@ class RemoteLoader:
             return
         _answer(reply)  # raises what the import raised
         raise ImportError("the candidate's process did not import %s" % self.name)
+
+
+def answers():
+    """How many requests the candidate's process answered (0: it never ran)."""
+    return _CHANNEL.answers if _CHANNEL is not None else 0
 
 
 def connect(repo_tops, fd=CANDIDATE_FD):
