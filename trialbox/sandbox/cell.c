@@ -16,7 +16,7 @@
  * returns in two processes: in B with TB_EOF (the session socket closed) or -1 (res
  * says what failed); in a freshly forked C, set up and isolated, with TB_CHILD
  * (res[R_STATUS], res[R_OFF], res[R_LEN]: the status pipe, and where the spec's
- * program part lies in tb_buffer()). A C whose set-up fails reports `E` and exits 70
+ * program part lies in tb_buffer(); res[R_ERRNO]: why cwd could not be entered, or 0). A C whose set-up fails reports `E` and exits 70
  * here.
  *
  * cfg (longs, see C_*): the session socket, the status pipe, &sock_fprog (seccomp), the
@@ -59,11 +59,13 @@ static const char *const STEPS[] = {
     "setresuid", "dumpable", "unshare user", "uid/gid maps", "capset", "setrlimit",
     "no_new_privs", "chdir", "seccomp", "pdeathsig", "socketpair", "fork", "pidfd_open",
     "receive", "move_mount", "forward go", "wait", "report", "unshare", "loopback up",
+    "cgroup namespace", "ns_last_pid",
 };
 enum { S_CGROUP = 1, S_RECV_GO, S_SPEC, S_FDS, S_SETGROUPS, S_SETGID, S_SETUID,
        S_DUMPABLE, S_USERNS, S_MAPS, S_CAPSET, S_RLIMIT, S_NNP, S_CHDIR, S_SECCOMP,
        S_PDEATHSIG, S_SOCKETPAIR, S_FORK, S_PIDFD, S_RECV, S_MOVE_MOUNT, S_FORWARD,
-       S_WAIT, S_REPORT, S_UNSHARE, S_LOOPBACK };
+       S_WAIT, S_REPORT, S_UNSHARE, S_LOOPBACK, S_CGROUPNS,
+       S_LASTPID };
 
 /* One message at a time: B receives into it, forwards, and zeroes what it received
  * (a candidate forked later must not find an earlier run's spec in its copy); C
@@ -195,6 +197,10 @@ static int enter(const long *cfg, long *res, int chan, int first) {
     for (int i = 0; i < ncg; i++)  /* "0" moves the writer into the cgroup */
         if (write((int)cfg[C_CG + i], "0", 1) != 1)
             return fail(res, S_CGROUP);
+    /* a cgroup namespace rooted there: /proc/self/cgroup says "/", not the host's path
+     * (which names the pool and counts its cells) */
+    if (unshare(CLONE_NEWCGROUP) < 0)
+        return fail(res, S_CGROUPNS);
     if (first)
         put(status_w, "R", 1);
 
@@ -302,10 +308,14 @@ static int enter(const long *cfg, long *res, int chan, int first) {
     }
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         return fail(res, S_NNP);
-    if (chdir(cwd) < 0)
-        return fail(res, S_CHDIR);
+    /* The supervisor checked that cwd is a directory of the session just before the
+     * go, and no process of the session was alive since: if it cannot be entered now,
+     * an earlier run made it so (chmod 000...). That is the candidate's doing, reported
+     * after `S` as its own failure (zygote.start_program), never as the machinery's. */
+    int cwd_errno = chdir(cwd) < 0 ? errno : 0;
     if (prctl(PR_SET_SECCOMP, 2 /* SECCOMP_MODE_FILTER */, (void *)cfg[C_FPROG], 0, 0) < 0)
         return fail(res, S_SECCOMP);
+    res[R_ERRNO] = cwd_errno;
     return 1;
 }
 
@@ -438,58 +448,34 @@ static int pair_is_zero(const char *line, const char *key) {
     return 0;
 }
 
-/* The i-th word of a line (0: the "Tcp:" label); length in *len, or NULL. */
-static const char *word(const char *line, int i, size_t *len) {
-    const char *p = line;
-    for (;;) {
-        while (*p == ' ')
-            p++;
-        if (!*p || *p == '\n')
-            return NULL;
-        const char *e = p;
-        while (*e && *e != ' ' && *e != '\n')
-            e++;
-        if (i-- == 0) {
-            *len = (size_t)(e - p);
-            return p;
-        }
-        p = e;
-    }
+/* This network namespace's counters as they were when it was made (net_snapshot), and
+ * the files they come from: IPv4 (Ip, Icmp, Tcp, Udp...) and IPv6. */
+static const char *const COUNTER_FILES[2] = { "/proc/self/net/snmp", "/proc/self/net/snmp6" };
+static char PRISTINE[2][16384];
+static ssize_t PRISTINE_LEN[2] = { -1, -1 };
+
+static void net_snapshot(void) {
+    for (int i = 0; i < 2; i++)
+        PRISTINE_LEN[i] = read_proc(COUNTER_FILES[i], PRISTINE[i], sizeof PRISTINE[i]);
 }
 
-/* zygote.net_is_clean, the same rule: this network namespace never carried a TCP
- * segment and holds no TCP socket (TIME_WAIT included); read from its own counters. */
+/* zygote.net_is_clean, the same rule: every counter of this network namespace is as
+ * it was when the namespace was made (no packet sent, received or refused a route),
+ * and it holds no socket at all (TIME_WAIT included; a Unix socket kept alive by a
+ * descriptor cycle would keep its abstract name). */
 static int net_is_clean(void) {
     static char buf[16384];
-    if (read_proc("/proc/self/net/snmp", buf, sizeof buf) < 0)
-        return 0;
-    char *names = line_of(buf, "Tcp:", 0), *values = line_of(buf, "Tcp:", 1);
-    if (!names || !values)
-        return 0;
-    int zero = 0;
-    for (int i = 1;; i++) {
-        size_t nl, vl;
-        const char *n = word(names, i, &nl), *v = word(values, i, &vl);
-        if (!n || !v)
-            break;
-        if ((nl == 6 && !strncmp(n, "InSegs", 6)) || (nl == 7 && !strncmp(n, "OutSegs", 7))
-            || (nl == 9 && !strncmp(n, "CurrEstab", 9))) {
-            if (vl != 1 || *v != '0')
-                return 0;
-            zero++;
-        }
+    for (int i = 0; i < 2; i++) {
+        ssize_t n = read_proc(COUNTER_FILES[i], buf, sizeof buf);
+        if (n < 0 && errno == ENOENT && PRISTINE_LEN[i] < 0)
+            continue;  /* no IPv6 in this kernel */
+        if (n < 0 || n != PRISTINE_LEN[i] || memcmp(buf, PRISTINE[i], (size_t)n) != 0)
+            return 0;
     }
-    if (zero != 3)
-        return 0;
     if (read_proc("/proc/self/net/sockstat", buf, sizeof buf) < 0)
         return 0;
-    char *tcp = line_of(buf, "TCP:", 0);
-    if (!tcp || !pair_is_zero(tcp, "inuse") || !pair_is_zero(tcp, "tw"))
-        return 0;
-    if (read_proc("/proc/self/net/sockstat6", buf, sizeof buf) < 0)
-        return errno == ENOENT;  /* no IPv6 in this kernel */
-    char *tcp6 = line_of(buf, "TCP6:", 0);
-    return !tcp6 || pair_is_zero(tcp6, "inuse");
+    char *used = line_of(buf, "sockets:", 0), *tcp = line_of(buf, "TCP:", 0);
+    return used && tcp && pair_is_zero(used, "used") && pair_is_zero(tcp, "tw");
 }
 
 static int loopback_up(void) {
@@ -523,6 +509,8 @@ int tb_cell(const long *cfg, long *res) {
         targets[i] = target_names;
         target_names += strlen(target_names) + 1;
     }
+    if (!cfg[C_NET] && PRISTINE_LEN[0] < 0)  /* the namespace build_root made */
+        net_snapshot();
     /* a new cell, or one just reset: its first C says `R` (ready) */
     int r = spawn(cfg, res, 1);
     if (r != 0)
@@ -610,7 +598,8 @@ int tb_cell(const long *cfg, long *res) {
             /* The session closed; make this cell as good as new for the next one: no
              * process, no workspace, a fresh IPC namespace (SysV objects and POSIX
              * message queues outlive their processes: they stay behind with the old
-             * one), and a fresh network namespace if the last one kept any state. */
+             * one), a fresh network namespace if the last one kept any state or
+             * counted anything, and pids from 2 again. */
             memset(BUF, 0, (size_t)n);
             for (int i = 0; i < nfds; i++)
                 close(fds[i]);
@@ -626,8 +615,15 @@ int tb_cell(const long *cfg, long *res) {
             int renew = !cfg[C_NET] && !net_is_clean();
             if (unshare(CLONE_NEWIPC | (renew ? CLONE_NEWNET : 0)) < 0)
                 return fail(res, S_UNSHARE);
-            if (renew && loopback_up() < 0)
-                return fail(res, S_LOOPBACK);
+            if (renew) {
+                if (loopback_up() < 0)
+                    return fail(res, S_LOOPBACK);
+                net_snapshot();
+            }
+            /* pids restart at 2, as in a new cell: how many processes earlier
+             * sessions made is none of the next one's business */
+            if (write_file("/proc/sys/kernel/ns_last_pid", "1", 1) < 0)
+                return fail(res, S_LASTPID);
             if ((r = spawn(cfg, res, 1)) != 0)  /* its first C says `R` (ready) */
                 return r;
             have_child = 1;

@@ -9,6 +9,7 @@ read from here, outside the candidate: CPU time, peak memory, OOM kills.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from dataclasses import dataclass
@@ -18,6 +19,26 @@ from trialbox.types import Limits
 
 CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 CFS_PERIOD_US = 100_000
+SOCKET_SHARE = 4
+"""cgroup v1 only: socket buffers (TCP, UDP) are charged to a counter of their own,
+limited to `memory_mb / SOCKET_SHARE` (at least SOCKET_MIN); v2 charges them to the
+memory limit itself."""
+SOCKET_MIN = 4 << 20
+
+
+def socket_bytes(limits: Limits) -> int:
+    """The v1 socket-buffer limit for a run with `limits` (see SOCKET_SHARE)."""
+    return max(SOCKET_MIN, limits.memory_bytes // SOCKET_SHARE)
+
+
+class OverBudget(Exception):
+    """The session already holds more memory than a run may start with (what earlier
+    runs left charged to the cell: SysV shared memory, files beyond the workspace's
+    size...): the candidate's doing, reported as the run's `memory` status."""
+
+    def __init__(self, held: int, limit: int):
+        super().__init__(f"the session holds {held} bytes, above a run's limit of {limit}")
+        self.held, self.limit = held, limit
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
@@ -57,9 +78,14 @@ class CellFiles:
     """The accounting and limit files of one cell's cgroup, kept open for the cell's life.
 
     A cell serves every run of one session, so each run starts by `begin_run` (limits
-    written, peak reset, counters snapshotted) and ends by `end_run` (the deltas). The
-    session's tmpfs pages are charged to the cell too: the memory limit of a run is
-    `Limits.memory_bytes` on top of what the session already holds.
+    written, peak reset, counters snapshotted) and ends by `end_run` (the deltas). What
+    the session's earlier runs left is charged to the cell too (its files' pages and
+    inodes, SysV shared memory): a run's memory limit is `Limits.memory_bytes` on top of
+    what the session holds, but never more than `carry` on top — the most its files
+    can take — so nothing else left behind raises the next run's limit (the "ratchet":
+    k runs each leaving `memory_mb` of shared memory would hold k x `memory_mb`). It
+    counts against the run instead, and a session holding more than a run may start
+    with gets `OverBudget`.
     """
 
     def __init__(self, paths: dict[str, str], version: int):
@@ -67,17 +93,21 @@ class CellFiles:
         self.fds: dict[str, int] = {}
         try:
             for name, path in paths.items():
-                flags = os.O_RDWR if name in ("peak", "mem_limit", "pids_limit",
-                                              "cpu_limit") else os.O_RDONLY
+                flags = os.O_WRONLY if name == "reclaim" else os.O_RDWR if name in (
+                    "peak", "mem_limit", "pids_limit", "cpu_limit", "tcp_limit",
+                    "tcp_peak") else os.O_RDONLY
                 try:
                     self.fds[name] = os.open(path, flags | os.O_CLOEXEC)
                 except FileNotFoundError:
-                    if name != "peak":  # v2 before 5.19 has no memory.peak
+                    # v2 before 5.19 has no memory.peak nor memory.reclaim; a v1
+                    # kernel without socket accounting, no kmem.tcp files
+                    if name not in ("peak", "tcp_limit", "tcp_peak", "reclaim"):
                         raise
         except BaseException:
             self.close()
             raise
         self.base = CellStats(0, 0, 0)
+        self.carried = 0  # what the run started with and was not charged for (begin_run)
         self.written: dict[str, str] = {}  # limit file -> the value last written to it
 
     def close(self) -> None:
@@ -108,15 +138,36 @@ class CellFiles:
         peak = _pread_int(self.fds["peak"]) if "peak" in self.fds else usage
         return CellStats(cpu, peak, oom, usage)
 
-    def begin_run(self, limits: Limits) -> None:
+    def begin_run(self, limits: Limits, carry: int) -> None:
+        """Limits and baselines for the next run; `carry`: the most the session may hold
+        from its earlier runs without it counting against this one (its workspace's
+        size and inodes). Raises OverBudget when the session holds too much to start."""
         usage = _pread_int(self.fds["usage"])
-        mem = limits.memory_bytes + usage
+        self.carried = min(usage, carry)
+        mem = limits.memory_bytes + self.carried
         if self.version == 1:
-            self._limit("mem_limit", str(mem))
+            try:  # below the usage, the kernel reclaims what it can first (page cache)
+                self._limit("mem_limit", str(mem))
+            except OSError as e:
+                if e.errno == errno.EBUSY:  # it could not: the session holds too much
+                    raise OverBudget(usage, mem) from None
+                raise
             self._limit("pids_limit", str(limits.pids))
             self._limit("cpu_limit", str(int(limits.cpus * CFS_PERIOD_US)))
             self._write("peak", "0")  # v1: resets max_usage to the current usage
+            if "tcp_limit" in self.fds:  # socket buffers: a counter of their own on v1
+                self._limit("tcp_limit", str(socket_bytes(limits)))
+                self._write("tcp_peak", "0")
         else:
+            if usage > mem:  # v2 would OOM-kill the waiting candidate: reclaim first
+                if "reclaim" in self.fds:
+                    try:
+                        self._write("reclaim", str(usage - mem))
+                    except OSError:
+                        pass
+                usage = _pread_int(self.fds["usage"])
+                if usage > mem:
+                    raise OverBudget(usage, mem)
             self._limit("mem_limit", str(mem))
             self._limit("pids_limit", str(limits.pids))
             self._limit("cpu_limit", f"{int(limits.cpus * CFS_PERIOD_US)} {CFS_PERIOD_US}")
@@ -128,9 +179,13 @@ class CellFiles:
         self.base = self.snapshot()
 
     def end_run(self) -> CellStats:
+        """The run's deltas. Its peak is what counted against `Limits.memory_mb`: the
+        cell's peak less what the run started with within `carry`, plus (v1) the peak
+        of its socket buffers, which that kernel counts apart."""
         now = self.snapshot()
+        sockets = _pread_int(self.fds["tcp_peak"]) if "tcp_peak" in self.fds else 0
         return CellStats(cpu_ns=now.cpu_ns - self.base.cpu_ns,
-                         peak_bytes=max(0, now.peak_bytes - self.base.usage_bytes),
+                         peak_bytes=max(0, now.peak_bytes - self.carried) + sockets,
                          oom_kills=now.oom_kills - self.base.oom_kills,
                          usage_bytes=now.usage_bytes)
 
@@ -271,8 +326,13 @@ class CgroupV1(CgroupDriver):
         return self.procs_files(rel)
 
     def set_limits(self, rel: str, limits: Limits) -> None:
-        _write(os.path.join(self._d("memory", rel), "memory.limit_in_bytes"),
-               str(limits.memory_bytes))
+        mem = self._d("memory", rel)
+        _write(os.path.join(mem, "memory.limit_in_bytes"), str(limits.memory_bytes))
+        # Socket buffers are charged (and limited) only in a cgroup whose TCP limit was
+        # written before its sockets were made: here, before any process joins.
+        tcp = os.path.join(mem, "memory.kmem.tcp.limit_in_bytes")
+        if os.path.exists(tcp):
+            _write(tcp, str(socket_bytes(limits)))
         _write(os.path.join(self._d("pids", rel), "pids.max"), str(limits.pids))
         cpu = self._d("cpu", rel)
         _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
@@ -286,6 +346,8 @@ class CgroupV1(CgroupDriver):
             "peak": os.path.join(mem, "memory.max_usage_in_bytes"),
             "oom": os.path.join(mem, "memory.oom_control"),
             "mem_limit": os.path.join(mem, "memory.limit_in_bytes"),
+            "tcp_limit": os.path.join(mem, "memory.kmem.tcp.limit_in_bytes"),
+            "tcp_peak": os.path.join(mem, "memory.kmem.tcp.max_usage_in_bytes"),
             "pids_limit": os.path.join(self._d("pids", rel), "pids.max"),
             "cpu_limit": os.path.join(self._d("cpu", rel), "cpu.cfs_quota_us"),
         }, 1)
@@ -332,6 +394,7 @@ class CgroupV2(CgroupDriver):
             "cpu": os.path.join(d, "cpu.stat"), "usage": os.path.join(d, "memory.current"),
             "peak": os.path.join(d, "memory.peak"), "oom": os.path.join(d, "memory.events"),
             "mem_limit": os.path.join(d, "memory.max"),
+            "reclaim": os.path.join(d, "memory.reclaim"),
             "pids_limit": os.path.join(d, "pids.max"), "cpu_limit": os.path.join(d, "cpu.max"),
         }, 2)
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from trialbox.errors import UnknownLanguage, UsageError
 from trialbox.sandbox.base import Sandbox
-from trialbox.types import ExecResult, Limits
+from trialbox.sandbox.mounts import PathObstructed, WorkspaceFull
+from trialbox.types import ExecResult, ExecStatus, Limits
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,17 @@ LANGUAGES: dict[str, Language] = {
 }
 ALIASES = {"python3": "python", "py": "python", "c++": "cpp", "shell": "bash"}
 
+COMPILE_PIDS = 16
+"""Processes a compile may always have: gcc's driver runs cc1, as, collect2 and ld."""
+
+
 def compile_limits_for(limits: Limits) -> Limits:
-    """Compilers need more than most programs; the program itself runs under `limits`."""
-    return limits.with_(wall_s=max(limits.wall_s, 60.0), cpu_s=max(limits.cpu_s, 60.0),
-                        memory_mb=max(limits.memory_mb, 1024), pids=max(limits.pids, 64))
+    """A compile runs as a run of its own under the caller's limits — the same wall
+    time, CPU time and memory the program then gets, each phase its own budget — with
+    at least COMPILE_PIDS processes. Never more than asked: a source can make its
+    compiler work for minutes (a file that includes itself) or take gigabytes, and that
+    is the candidate's `timeout` or `memory`, reported as the compile's status."""
+    return limits.with_(pids=max(limits.pids, COMPILE_PIDS))
 
 
 def language(name: str) -> Language:
@@ -74,7 +82,14 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
     """
     spec = language(lang)
     source = _source_bytes(code)
-    await sb.write_file(spec.filename, source)
+    try:
+        await sb.write_file(spec.filename, source)
+    except (PathObstructed, WorkspaceFull) as e:
+        # The session's workspace is the candidate's: an earlier run made main.py a
+        # directory, or filled it. Its outcome, never an error of the caller's.
+        status = ExecStatus.DISK if isinstance(e, WorkspaceFull) else ExecStatus.EXIT
+        return ExecResult(status=status, message=f"cannot write {spec.filename}: {e}",
+                          tier=getattr(sb, "tier", ""))
     compiled = None
     if spec.compile:
         compiled = await sb.exec(list(spec.compile), limits=compile_limits

@@ -14,6 +14,22 @@ import stat
 
 from trialbox.errors import UsageError
 
+
+class PathObstructed(UsageError):
+    """A workspace path cannot be used as asked because of what is in the workspace (a
+    directory where a file should be, a file or link where a directory should be): in
+    a session, usually the candidate's doing."""
+
+
+class WorkspaceFull(UsageError):
+    """A write does not fit in the session's workspace (Limits.disk_mb)."""
+
+
+LIST_MAX = 100_000
+"""Entries `list_files` reports at most (a workspace's inodes are bounded anyway)."""
+LIST_DEPTH = 256
+"""Directory levels `list_files` descends."""
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -33,9 +49,15 @@ def _err(what: str) -> OSError:
     return OSError(e, f"{what}: {os.strerror(e)}")
 
 
-def mount_tmpfs(path: str, size_bytes: int, uid: int = 0, mode: int = 0o755) -> None:
-    opts = f"size={size_bytes},mode={mode:o},uid={uid},gid={uid}".encode()
-    if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+def mount_tmpfs(path: str, size_bytes: int, uid: int = 0, mode: int = 0o755,
+                inodes: int = 0) -> None:
+    """A tmpfs of `size_bytes` (and at most `inodes` files, directories and links, when
+    given: each costs kernel memory that the size does not count)."""
+    opts = f"size={size_bytes},mode={mode:o},uid={uid},gid={uid}"
+    if inodes:
+        opts += f",nr_inodes={inodes}"
+    if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                   opts.encode()) != 0:
         raise _err(f"mount tmpfs on {path}")
 
 
@@ -98,8 +120,10 @@ def _open_dir_chain(root: str, parts: list[str], create: bool, uid: int) -> int:
                               os.O_CLOEXEC, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UsageError(f"{part!r} in the workspace is not a directory "
-                                     "(links are never followed)") from e
+                    raise PathObstructed(f"{part!r} in the workspace is not a directory "
+                                         "(links are never followed)") from e
+                if e.errno == errno.ENAMETOOLONG:
+                    raise UsageError(f"workspace path too long at {part!r}") from e
                 raise
             os.close(fd)
             fd = nfd
@@ -121,7 +145,7 @@ def write_file(root: str, path: str, data: bytes, uid: int, mode: int = 0o644) -
         except FileNotFoundError:
             pass
         except IsADirectoryError as e:
-            raise UsageError(f"{path!r} is a directory in the workspace") from e
+            raise PathObstructed(f"{path!r} is a directory in the workspace") from e
         fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                      os.O_CLOEXEC, mode, dir_fd=dfd)
         try:
@@ -151,7 +175,11 @@ def read_file(root: str, path: str, max_bytes: int) -> bytes:
             if e.errno == errno.ELOOP:
                 raise UsageError(f"{path!r} in the workspace is a symbolic link; links are "
                                  "never followed") from e
-            raise
+            if e.errno == errno.ENOENT:
+                raise
+            # a socket (ENXIO), or anything else that is not a file one can read
+            raise UsageError(f"{path!r} in the workspace cannot be read: "
+                             f"{os.strerror(e.errno or errno.EIO)}") from e
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -172,12 +200,45 @@ def read_file(root: str, path: str, max_bytes: int) -> bytes:
         os.close(dfd)
 
 
-def list_files(root: str) -> list[str]:
-    """Every regular file under `root`, relative, sorted (links are listed, not followed)."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        rel = os.path.relpath(dirpath, root)
-        for name in filenames:
-            out.append(name if rel == "." else os.path.join(rel, name))
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+def list_files(root: str, max_entries: int = LIST_MAX,
+               max_depth: int = LIST_DEPTH) -> list[str]:
+    """Every entry under `root` that is not a directory (files, links — listed, never
+    followed — and the odd socket), relative, sorted. Iterative (a chain of thousands
+    of directories is no recursion), bounded: a UsageError past `max_entries` entries
+    or `max_depth` levels. Names are the kernel's bytes decoded as os does
+    (surrogateescape for bytes that are not UTF-8)."""
+    out: list[str] = []
+    seen = 0
+    top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        stack = [("", 0)]
+        while stack:
+            rel, depth = stack.pop()
+            try:
+                fd = os.open(rel or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, dir_fd=top)
+            except OSError as e:
+                if e.errno == errno.ENAMETOOLONG:
+                    raise UsageError(f"the workspace's directories nest too deep to list "
+                                     f"(a path passed {len(rel)} characters)") from e
+                continue  # gone, or no longer a directory
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        seen += 1
+                        if seen > max_entries:
+                            raise UsageError(f"the workspace holds more than "
+                                             f"{max_entries:,} entries; too many to list")
+                        path = f"{rel}/{entry.name}" if rel else entry.name
+                        if entry.is_dir(follow_symlinks=False):
+                            if depth + 1 >= max_depth:
+                                raise UsageError(f"the workspace's directories nest more "
+                                                 f"than {max_depth} levels; too deep to list")
+                            stack.append((path, depth + 1))
+                        else:
+                            out.append(path)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(top)
     return sorted(out)

@@ -25,14 +25,35 @@ from typing import cast
 
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
+from trialbox.sandbox.cgroups import OverBudget
 from trialbox.sandbox.pool import BASE_ENV, Cell, CellPool, FdReader
 from trialbox.telemetry import traced_acquire, traced_exec
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 SESSION_DIRS = ["work", "tmp", "shm"]
+MiB = 1 << 20
 SIGNALS_OF_TIMEOUT = (24,)  # SIGXCPU: RLIMIT_CPU ran out
 DISK_SLACK = 64 * 1024
+INODE_BYTES = 1024
+"""Kernel memory one tmpfs inode and its dentry may take (~0.8 KiB here), rounded up."""
+MIN_INODES = 4096
+
+
+def session_inodes(limits: Limits) -> int:
+    """Files, directories and links a session's tmpfs may hold: one per 4 KiB of
+    `disk_mb` (a file of one byte takes a page anyway), at least MIN_INODES. Without a
+    bound, millions of empty files pass `disk_mb` untouched and hold kernel memory."""
+    return max(MIN_INODES, limits.disk_bytes // 4096)
+
+
+def session_carry(limits: Limits) -> int:
+    """The most memory a session's files may hold between runs (their pages, bounded by
+    the tmpfs's size, and their inodes): what a run's memory limit allows on top of
+    `memory_mb` (cgroups.CellFiles.begin_run)."""
+    return limits.disk_bytes + session_inodes(limits) * INODE_BYTES
 CPU_POLL_S = 0.05
+OUTPUT_GRACE_S = 0.2
+"""How long the output pipes may stay open once every process of a run is gone."""
 
 
 class NamespaceSandbox:
@@ -69,7 +90,8 @@ class NamespaceSandbox:
             raise SandboxStartError(f"could not create the session workspace: {e}") from e
         self.mount_sources = [os.path.join(self.dir, name) for name in SESSION_DIRS]
         try:
-            mounts.mount_tmpfs(self.dir, self.limits.disk_bytes, uid=0, mode=0o755)
+            mounts.mount_tmpfs(self.dir, self.limits.disk_bytes, uid=0, mode=0o755,
+                               inodes=session_inodes(self.limits))
             for name in SESSION_DIRS:
                 p = os.path.join(self.dir, name)
                 os.mkdir(p, 0o700)
@@ -144,10 +166,12 @@ class NamespaceSandbox:
         try:
             mounts.write_file(self.workspace, path, data, self.uid, mode)
         except OSError as e:
-            if e.errno == 28:  # ENOSPC
-                raise UsageError(f"writing {path!r} ({len(data)} bytes) overflows the "
-                                 f"workspace (Limits.disk_mb={self.limits.disk_mb}); raise "
-                                 "disk_mb or write less") from e
+            if e.errno == 28:  # ENOSPC: no room, or no inode left (session_inodes)
+                raise mounts.WorkspaceFull(
+                    f"writing {path!r} ({len(data)} bytes) overflows the workspace "
+                    f"(Limits.disk_mb={self.limits.disk_mb}, at most "
+                    f"{session_inodes(self.limits):,} files); raise disk_mb or write "
+                    "less") from e
             raise
 
     async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
@@ -158,8 +182,11 @@ class NamespaceSandbox:
             raise UsageError(f"no file {path!r} in the workspace") from e
 
     async def list_files(self) -> list[str]:
+        """See Sandbox.list_files; bounded (mounts.LIST_MAX entries, LIST_DEPTH levels:
+        a UsageError past them) and walked in a thread, never on the event loop (a
+        candidate's 200,000 files took 0.8 s to list)."""
         self._check_open()
-        return mounts.list_files(self.workspace)
+        return await asyncio.to_thread(mounts.list_files, self.workspace)
 
     # ------------------------------------------------------------------ runs
     @traced_exec  # span sandbox.exec, runs by status, wall time (telemetry)
@@ -188,6 +215,7 @@ class NamespaceSandbox:
         passed = [pass_fds[t] for t in targets] if pass_fds else []
         async with self._lock:
             self._check_open()
+            self._restore_roots()
             for _attempt in range(2):
                 try:
                     cell = await self._cell()
@@ -199,7 +227,7 @@ class NamespaceSandbox:
                     result = await run.run()
                 finally:
                     self._current = None
-                if result.status is ExecStatus.INFRA or not cell.alive:
+                if result.status is ExecStatus.INFRA or not cell.alive or run.held_open:
                     self._drop_cell()  # the next run gets a fresh cell; files are kept
                 # A cell that broke before the program's first instruction ran nothing of
                 # the candidate's: run it once more on a fresh cell (unless fds were
@@ -209,6 +237,17 @@ class NamespaceSandbox:
             for fd in passed:  # ours to close once handed over (or on any failure)
                 _close_quietly(fd)
             return result
+
+    def _restore_roots(self) -> None:
+        """Give the session's three roots (workspace, /tmp, /dev/shm) back their mode:
+        the candidate owns them and may have made them unusable (chmod 000) in an
+        earlier run. They are mount points inside the cell, so it cannot remove or
+        replace them; below them, whatever it did is its own (start_program)."""
+        for path in self.mount_sources:
+            try:
+                os.chmod(path, 0o700)  # root-owned parent: never a link
+            except OSError:
+                pass  # the run reports what is wrong, if anything is
 
     @traced_acquire  # span sandbox.acquire when tracing is on (telemetry)
     async def _cell(self) -> Cell:
@@ -396,6 +435,9 @@ class _Run:
         self.started = False
         self.wait_status: int | None = None
         self.readers: list[FdReader] = []
+        self.disk_used0 = 0
+        self.held_open = False
+        """Something outside the run's processes held an output pipe open past its end."""
         self._cpu_timer: asyncio.TimerHandle | None = None
         self._exited: asyncio.Future[None] | None = None
 
@@ -453,7 +495,11 @@ class _Run:
         assert cell.files is not None and cell.status is not None
         fds: list[int] = []
         try:
-            cell.files.begin_run(limits)
+            try:
+                cell.files.begin_run(limits, session_carry(self.sb.limits))
+            except OverBudget as e:
+                return self._over_budget(e)
+            self.disk_used0 = self._disk_used()
             if self.stdin:
                 stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
                 fds.append(stdin_fd)
@@ -498,26 +544,48 @@ class _Run:
         self._cpu_timer = self.loop.call_later(CPU_POLL_S, self._check_cpu)
         try:
             # The run is over when the cell reported the exit (every process of the run
-            # is dead by then) and both pipes hit EOF, or the cell itself died.
+            # is dead by then: the cell's init, pid 1 of its namespace, reports only
+            # after killing and reaping them all), or the cell itself died.
             self._exited = self.loop.create_future()
             self._on_status(cell)
-            waits = [self._exited] + [r.done for r in self.readers]
-            done, _ = await asyncio.wait(waits, timeout=limits.wall_s)
-            if len(done) < len(waits):
+            done, _ = await asyncio.wait([self._exited], timeout=limits.wall_s)
+            if not done:
                 self.kill(ExecStatus.TIMEOUT, f"wall time passed Limits.wall_s={limits.wall_s}")
-                done, _ = await asyncio.wait(waits, timeout=10)
-                if len(done) < len(waits):
+                done, _ = await asyncio.wait([self._exited], timeout=10)
+                if not done:
                     cell.kill()
-                    done, _ = await asyncio.wait(waits, timeout=5)
+                    await asyncio.wait([self._exited], timeout=5)
                     for r in self.readers:
                         r.close()
                     return self.sb._infra("the sandbox did not terminate after being "
                                           "killed")
+            # With no process left, what the program wrote is in the pipes and EOF
+            # follows at once — unless a reference outside its process tree holds a
+            # write end open (a descriptor cycle in flight on a Unix socket, or one
+            # handed over a passed fd). The run ends anyway: what is in the pipes is
+            # read, the rest is not waited for, and the cell is not reused.
+            pending = [r.done for r in self.readers if not r.done.done()]
+            if pending:
+                _, pending_left = await asyncio.wait(pending, timeout=OUTPUT_GRACE_S)
+                if pending_left:
+                    for r in self.readers:
+                        r.drain()
+                        r.close()
+                    self.held_open = True
         finally:
             cell.on_status = None
             if self._cpu_timer is not None:
                 self._cpu_timer.cancel()
         return self._result()
+
+    def _over_budget(self, e: OverBudget) -> ExecResult:
+        return ExecResult(
+            status=ExecStatus.MEMORY, peak_memory_bytes=e.held,
+            message=f"not started: the session already holds {e.held / MiB:.1f} MiB left "
+                    f"by its earlier runs (SysV shared memory, files...), more than a run "
+                    f"may start with under Limits.memory_mb={self.limits.memory_mb} and "
+                    f"the workspace (Limits.disk_mb={self.sb.limits.disk_mb})",
+            runtime=self.pool.runtime.id, tier=self.sb.tier)
 
     def _check_cpu(self) -> None:
         """RLIMIT_CPU is per process; the cgroup's total catches a run split over many."""
@@ -571,8 +639,8 @@ class _Run:
         if os.WIFSIGNALED(st):
             sig = os.WTERMSIG(st)
             if oom_kills:
-                return (ExecStatus.MEMORY, None, sig,
-                        f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+                status, message = self._oom_cause()
+                return status, None, sig, message
             # SIGXCPU / SIGXFSZ count as limits only when the limit was really reached
             # (a program may raise them itself).
             cpu_hit = cpu_ns >= 0.95 * math.floor(max(1.0, self.limits.cpu_s)) * 1e9
@@ -587,12 +655,33 @@ class _Run:
             note = "a process of the run was OOM-killed" if oom_kills else ""
             return ExecStatus.OK, 0, None, note
         if oom_kills:
-            return (ExecStatus.MEMORY, code, None,
-                    f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+            status, message = self._oom_cause()
+            return status, code, None, message
         if self._disk_full():
             return (ExecStatus.DISK, code, None,
                     f"workspace full (Limits.disk_mb={self.limits.disk_mb})")
         return ExecStatus.EXIT, code, None, f"exit status {code}"
+
+    def _oom_cause(self) -> tuple[ExecStatus, str]:
+        """An OOM kill's cause. The workspace is a tmpfs whose pages are charged to the
+        cell's memory: when the files the run wrote took at least half of its memory
+        limit, it was filling its disk (with `disk_mb` above what memory leaves for
+        files, the OOM killer fires before the tmpfs is full), and the feedback says so."""
+        written = self._disk_used() - self.disk_used0
+        if written * 2 >= self.limits.memory_bytes:
+            return (ExecStatus.DISK,
+                    f"workspace files ({written / MiB:.1f} MiB written) filled the memory "
+                    f"they are kept in (Limits.memory_mb={self.limits.memory_mb}, below "
+                    f"Limits.disk_mb={self.sb.limits.disk_mb})")
+        return ExecStatus.MEMORY, f"memory passed Limits.memory_mb={self.limits.memory_mb}"
+
+    def _disk_used(self) -> int:
+        """Bytes in use in the session's tmpfs (workspace, /tmp, /dev/shm)."""
+        try:
+            st = os.statvfs(self.sb.dir)
+        except OSError:
+            return 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
 
     def _disk_full(self) -> bool:
         try:

@@ -230,6 +230,15 @@ class FdReader:
         if self.on_data is not None:
             self.on_data(self)
 
+    def drain(self, limit: int = 4 << 20) -> None:
+        """Read what the pipe holds now, without waiting for more (at most `limit`)."""
+        while self.fd >= 0 and limit > 0:
+            before = self.total
+            self._read()
+            if self.total == before:  # nothing there (EAGAIN), or EOF closed it
+                return
+            limit -= self.total - before
+
     def close(self) -> None:
         if self.fd >= 0:
             self.loop.remove_reader(self.fd)
@@ -415,6 +424,11 @@ class CellPool:
             log.warning("reaped what dead pools left behind: %s", self.reaped)
         os.makedirs(self.sessions_dir, exist_ok=True)
         os.chmod(self.dir, 0o700)
+        # The cells' root is a bind of this directory; on a filesystem of its own, the
+        # bind's source reads "/" in a candidate's /proc/self/mountinfo, not a host
+        # path naming the pool.
+        os.makedirs(self.root, exist_ok=True)
+        mounts.mount_tmpfs(self.root, 4 << 20, uid=0, mode=0o755)
         _build_root_template(self.root)
         self.native_path = self._build_native()
         self._spawn_zygote()
@@ -441,20 +455,26 @@ class CellPool:
     def _spawn_zygote(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         logf = open(os.path.join(self.dir, "zygote.log"), "ab")
+        script_fd = -1
         try:
             # Run from a copy in the pool's root-only state dir: candidates share this
             # interpreter (and its argv) and need not learn where the project lives.
+            # Started as /dev/fd/N: its command line (which a candidate in this
+            # interpreter reads in /proc/self/cmdline) names no host path.
             script = os.path.join(self.dir, "zygote.py")
             shutil.copyfile(ZYGOTE, script)
+            script_fd = os.open(script, os.O_RDONLY)
             self._zproc = subprocess.Popen(
-                [self.config.python, "-I", "-B", script],
+                [self.config.python, "-I", "-B", f"/dev/fd/{script_fd}"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
-                pass_fds=[child.fileno()], cwd=self.dir, close_fds=True,
+                pass_fds=[child.fileno(), script_fd], cwd="/", close_fds=True,
                 env={"LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin",
                      "TRIALBOX_CTL_FD": str(child.fileno())})
         finally:
             logf.close()
             child.close()
+            if script_fd >= 0:
+                os.close(script_fd)
         self._ctl = parent
         ro_binds = [["/usr", "/usr"], ["/etc/alternatives", "/etc/alternatives"]]
         for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):

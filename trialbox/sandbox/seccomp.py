@@ -63,7 +63,27 @@ DENIED_X86_64: dict[str, int] = {
     "adjtimex": 159, "syslog": 103, "vhangup": 153, "uselib": 134, "_sysctl": 156,
     "fanotify_init": 300, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "move_pages": 279, "migrate_pages": 256,
+    "cachestat": 451,  # page-cache residency of any file it can open (see RWF_NOWAIT)
 }
+
+
+# Socket families a program may create (socket, socketpair): local, IPv4, IPv6 and
+# netlink (libc asks it for interface addresses). Everything else — AF_VSOCK (not
+# namespaced: it reaches the host's vsock ports), AF_PACKET, AF_ALG, AF_BLUETOOTH,
+# AF_XDP... — fails with EAFNOSUPPORT, as in a kernel built without it.
+ALLOWED_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+X86_64_SOCKET = 41
+X86_64_SOCKETPAIR = 53
+# preadv2/pwritev2 with RWF_NOWAIT say whether a file's pages are in the page cache,
+# which the host shares with every sandbox (a probe of what others ran): the flag
+# fails with EOPNOTSUPP, as on a filesystem without it; the calls work without it.
+X86_64_PREADV2 = 327
+X86_64_PWRITEV2 = 328
+RWF_NOWAIT = 0x00000008
+OFF_ARG5_LO = OFF_ARG0_LO + 5 * 8
+# ENOSYS, so callers fall back as on a kernel without them: clone3 (glibc then uses
+# clone, whose flags are checked) and kernel AIO (io_submit also takes RWF_NOWAIT).
+ENOSYS_X86_64: dict[str, int] = {"clone3": X86_64_CLONE3, "io_setup": 206}
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -74,47 +94,66 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
     """The BPF program (a sequence of 8-byte `sock_filter`s) for x86_64.
 
     Layout: check arch (anything but x86_64 is killed: no i386/x32 side doors), load the
-    syscall number, EPERM for the x32 ABI bit and each denied number, inspect clone()'s
-    flags for namespace bits, ENOSYS for clone3 (glibc then falls back to clone), allow.
+    syscall number, EPERM for the x32 ABI bit and each denied number, ENOSYS for clone3
+    and io_setup, then the calls whose arguments decide: clone()'s flags (no namespace
+    bits), socket()/socketpair()'s family (ALLOWED_FAMILIES), preadv2()/pwritev2()'s
+    flags (no RWF_NOWAIT); allow everything else.
     """
     if platform.machine() != "x86_64":
         raise SandboxUnavailable(
             f"the namespace tier's seccomp filter is written for x86_64, this host is "
             f"{platform.machine()}; add its syscall table to trialbox/sandbox/seccomp.py")
     nrs = sorted(set((denied or DENIED_X86_64).values()))
-    # Instruction indexes of the shared tails, counted from the layout below.
-    head = 5  # ld arch, jeq, ret kill, ld nr, jge x32
-    n_deny = len(nrs)
-    i_clone = head + n_deny          # jeq clone
-    i_clone3 = i_clone + 1           # jeq clone3
-    i_allow = i_clone3 + 1           # ret allow
-    i_clone_chk = i_allow + 1        # ld arg0; jset mask
-    i_deny = i_clone_chk + 2         # ret EPERM
-    i_enosys = i_deny + 1            # ret ENOSYS
-    i_allow2 = i_enosys + 1          # ret allow
+    enosys = sorted(set(ENOSYS_X86_64.values()))
+    # Assembled with symbolic targets, resolved once every label's index is known.
+    prog: list[tuple[int, int | str, int | str, int]] = []
+    labels: dict[str, int] = {}
 
-    def rel(at: int, target: int) -> int:
-        off = target - (at + 1)
+    def emit(code: int, k: int, jt: int | str = 0, jf: int | str = 0) -> None:
+        prog.append((code, jt, jf, k))
+
+    def label(name: str) -> None:
+        labels[name] = len(prog)
+
+    emit(BPF_LD_W_ABS, OFF_ARCH)
+    emit(BPF_JEQ_K, AUDIT_ARCH_X86_64, jt=1)
+    emit(BPF_RET_K, SECCOMP_RET_KILL_PROCESS)
+    emit(BPF_LD_W_ABS, OFF_NR)
+    emit(BPF_JGE_K, X32_SYSCALL_BIT, jt="deny")
+    for nr in nrs:
+        emit(BPF_JEQ_K, nr, jt="deny")
+    for nr in enosys:
+        emit(BPF_JEQ_K, nr, jt="enosys")
+    emit(BPF_JEQ_K, X86_64_CLONE, jt="clone")
+    emit(BPF_JEQ_K, X86_64_SOCKET, jt="family")
+    emit(BPF_JEQ_K, X86_64_SOCKETPAIR, jt="family")
+    emit(BPF_JEQ_K, X86_64_PREADV2, jt="rwf")
+    emit(BPF_JEQ_K, X86_64_PWRITEV2, jt="rwf")
+    emit(BPF_RET_K, SECCOMP_RET_ALLOW)
+    label("clone")
+    emit(BPF_LD_W_ABS, OFF_ARG0_LO)
+    emit(BPF_JSET_K, CLONE_NS_MASK, jt="deny", jf="allow")
+    label("family")
+    emit(BPF_LD_W_ABS, OFF_ARG0_LO)
+    for family in ALLOWED_FAMILIES:
+        emit(BPF_JEQ_K, family, jt="allow")
+    emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT)
+    label("rwf")
+    emit(BPF_LD_W_ABS, OFF_ARG5_LO)
+    emit(BPF_JSET_K, RWF_NOWAIT, jt="eopnotsupp", jf="allow")
+    label("eopnotsupp")
+    emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EOPNOTSUPP)
+    label("deny")
+    emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPERM)
+    label("enosys")
+    emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.ENOSYS)
+    label("allow")
+    emit(BPF_RET_K, SECCOMP_RET_ALLOW)
+
+    def rel(at: int, target: int | str) -> int:
+        off = labels[target] - (at + 1) if isinstance(target, str) else target
         assert 0 <= off <= 255, (at, target)
         return off
 
-    prog = [
-        _insn(BPF_LD_W_ABS, 0, 0, OFF_ARCH),
-        _insn(BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        _insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
-        _insn(BPF_LD_W_ABS, 0, 0, OFF_NR),
-        _insn(BPF_JGE_K, rel(4, i_deny), 0, X32_SYSCALL_BIT),
-    ]
-    for j, nr in enumerate(nrs):
-        at = head + j
-        prog.append(_insn(BPF_JEQ_K, rel(at, i_deny), 0, nr))
-    prog.append(_insn(BPF_JEQ_K, rel(i_clone, i_clone_chk), 0, X86_64_CLONE))
-    prog.append(_insn(BPF_JEQ_K, rel(i_clone3, i_enosys), 0, X86_64_CLONE3))
-    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
-    prog.append(_insn(BPF_LD_W_ABS, 0, 0, OFF_ARG0_LO))
-    prog.append(_insn(BPF_JSET_K, 0, rel(i_clone_chk + 1, i_allow2), CLONE_NS_MASK))
-    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM))
-    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS))
-    prog.append(_insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW))
-    assert len(prog) == i_allow2 + 1
-    return b"".join(prog)
+    return b"".join(_insn(code, rel(i, jt), rel(i, jf), k)
+                    for i, (code, jt, jf, k) in enumerate(prog))

@@ -74,6 +74,7 @@ libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
@@ -91,6 +92,7 @@ SIGINT = int(signal.SIGINT)
 MAX_FDS = 3 + 61 + 3  # stdio, pass_fds targets 3..63, a session's three mount trees
 INNER_UID = 1000
 NEXT_RUN_GRACE_S = 0.01
+MASKED_PROC = ("/proc/cmdline", "/proc/sys/kernel/random/boot_id")
 
 CONFIG: dict = {}
 ENVIRON: dict = {}  # what os.environ holds (set_environ), so a run can tell it needs nothing
@@ -257,7 +259,16 @@ def load_native(path):
     if not path:
         return
     try:
-        lib = ctypes.CDLL(path)
+        # Loaded from a memfd, so /proc/self/maps of a candidate (which runs in this
+        # interpreter) shows "/memfd:cell.so", not the pool's state directory.
+        with open(path, "rb") as f:
+            data = f.read()
+        fd = os.memfd_create("cell.so", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, data)
+            lib = ctypes.CDLL("/proc/self/fd/%d" % fd)
+        finally:
+            os.close(fd)
     except OSError as e:  # the pool falls back to Python, or fails if it asked for C
         sys.stderr.write("zygote: cannot load %s: %s\n" % (path, e))
         sys.stderr.flush()
@@ -313,6 +324,7 @@ def warm(ctl, msg, fds):
             _check(libc.setns(PIDNS_FD, CLONE_NEWPID), "setns back to our pid namespace")
     if pid == 0:
         code = 0
+        CELLS.clear()  # the zygote's other cells are none of this one's business
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             ctl.close()
@@ -339,6 +351,10 @@ def build_root(net):
         mount(src, root + dst, None, MS_BIND)
     # hidepid=2: the candidate (another uid) cannot see its init or read its argv/env.
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    # Host facts a sandbox has no use for, and that would tell sessions apart or name
+    # the machine: read as empty (/dev/null bound over them).
+    for path in MASKED_PROC:
+        mount(root + "/dev/null", root + path, None, MS_BIND)
     host = CONFIG.get("hostname", "sandbox").encode()
     _check(libc.sethostname(host, len(host)), "sethostname")
     if not net:
@@ -360,46 +376,50 @@ def loopback_up():
         s.close()
 
 
+COUNTER_FILES = ("/proc/self/net/snmp", "/proc/self/net/snmp6")
+PRISTINE = []  # this network namespace's counters when it was made (net_snapshot)
+
+
+def net_snapshot():
+    PRISTINE[:] = [_read_or_none(path) for path in COUNTER_FILES]
+
+
+def _read_or_none(path):
+    try:
+        return read_proc(path)
+    except FileNotFoundError:  # no IPv6 in this kernel
+        return None
+
+
 def net_is_clean():
-    """True when this network namespace never carried a TCP segment and holds no TCP
-    socket (TIME_WAIT included). Every other kind of socket (UDP, raw, Unix — abstract
-    names too) dies with the processes holding it, and candidates have no capability
-    over this namespace (it belongs to the host's user namespace), so once
-    `kill_everyone` has run, such a namespace holds nothing of the last session.
+    """True when every counter of this network namespace is as it was when it was made
+    (no packet sent or received, no route refused: /proc/self/net/snmp and snmp6 read
+    the same) and it holds no socket (TIME_WAIT included; a Unix socket kept alive by
+    a descriptor cycle would keep its abstract name). Candidates have no capability over
+    this namespace (it belongs to the host's user namespace), so once `kill_everyone`
+    has run such a namespace holds nothing of the last session, not even a count of
+    what it sent (the loopback's counters would carry it to the next).
     Reusing it saves creating and tearing one down per session: ~3 ms of kernel CPU
     (sysctl tables, the loopback device, and cleanup_net in a kernel worker).
 
     Why counters and not a list of sockets: reading /proc/self/net/tcp (or a sock_diag
     dump) walks the kernel's whole TCP hash table, shared by every namespace — ~5 ms
     per read on this host, more than the namespace it would save (it was a third of
-    all the CPU of a judged-HumanEval run). /proc/self/net/snmp and sockstat are this
+    all the CPU of a judged-HumanEval run). snmp, snmp6 and sockstat are this
     namespace's own counters, O(1). A namespace that ever saw a segment (a connection,
     an attempt refused with a reset) is renewed even if nothing is left in it: a
     half-open request whose client died is in no counter, so only "never any TCP"
     proves it absent."""
     try:
-        rows = [line.split() for line in read_proc("/proc/self/net/snmp").split(b"\n")
-                if line.startswith(b"Tcp:")]
-        v4 = next(line.split() for line in read_proc("/proc/self/net/sockstat").split(b"\n")
-                  if line.startswith(b"TCP:"))
-    except (OSError, StopIteration):
-        return False
-    if len(rows) != 2:
-        return False
-    snmp = dict(zip(rows[0][1:], rows[1][1:], strict=False))
-    tcp = dict(zip(v4[1::2], v4[2::2], strict=False))
-    v6 = b"0"
-    try:
-        v6 = next((line.split()[2] for line in
-                   read_proc("/proc/self/net/sockstat6").split(b"\n")
-                   if line.startswith(b"TCP6:")), b"0")
-    except FileNotFoundError:  # no IPv6 in this kernel
-        pass
+        if [_read_or_none(path) for path in COUNTER_FILES] != PRISTINE:
+            return False
+        stat = {line.split(b":")[0]: line.split()[1:]
+                for line in read_proc("/proc/self/net/sockstat").split(b"\n") if line}
     except (OSError, IndexError):
         return False
-    return (snmp.get(b"InSegs") == b"0" and snmp.get(b"OutSegs") == b"0"
-            and snmp.get(b"CurrEstab") == b"0"
-            and tcp.get(b"inuse") == b"0" and tcp.get(b"tw") == b"0" and v6 == b"0")
+    used, tcp = stat.get(b"sockets", []), stat.get(b"TCP", [])
+    return (dict(zip(used[::2], used[1::2], strict=False)).get(b"used") == b"0"
+            and dict(zip(tcp[::2], tcp[1::2], strict=False)).get(b"tw") == b"0")
 
 
 def read_proc(path):
@@ -455,6 +475,13 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     net = bool(msg.get("net"))
     build_root(net)
+    if not net and NATIVE is None:  # cell.c takes its own
+        net_snapshot()
+    # Candidates run in this interpreter and can read its memory (its frames, gc):
+    # nothing that names the host's paths, the pool or its other cells stays in it.
+    for key in ("root", "ro_binds", "dev_binds", "native"):
+        CONFIG.pop(key, None)
+    msg.clear()
     if NATIVE is not None:
         cell_loop_native(status_w, go_fd, cg_fds, net)
     session = socket.socket(fileno=go_fd)
@@ -512,7 +539,8 @@ def cell_init(msg, status_w, go_fd, cg_fds):
 def reset_cell(net):
     """After a session: no process, no workspace, a fresh IPC namespace (SysV objects
     and POSIX message queues outlive their processes: they stay behind with the old
-    one), and a fresh network namespace if the last one kept any state."""
+    one), a fresh network namespace if the last one kept any state or counted anything
+    (net_is_clean), and pids from 2 again."""
     kill_everyone()
     for target in reversed(CONFIG["mounts"]):
         libc.umount2(target.encode(), MNT_DETACH)
@@ -520,6 +548,10 @@ def reset_cell(net):
     _check(libc.unshare(CLONE_NEWIPC | (CLONE_NEWNET if renew_net else 0)), "unshare")
     if renew_net:
         loopback_up()
+        net_snapshot()
+    # pids restart at 2, as in a new cell: how many processes earlier sessions made is
+    # none of the next one's business
+    write_proc("/proc/sys/kernel/ns_last_pid", b"1")
 
 
 def cell_loop_native(status_w, go_fd, cg_fds, net):
@@ -545,7 +577,8 @@ def cell_loop_native(status_w, go_fd, cg_fds, net):
                 rng = sys.modules.get("random")  # what os.fork's at-fork hook does
                 if rng is not None:
                     rng.seed()
-                start_program(status_w, mode, path, argv, env)  # does not return
+                start_program(status_w, mode, path, argv, env,  # does not return
+                              res[R_ERRNO])
             except BaseException as e:
                 report_error(status_w, "cell setup (C): %r" % (e,))
                 _exit(70)
@@ -627,6 +660,9 @@ def candidate(status_w, chan, cg_fds, first):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     for fd in cg_fds:
         os.write(fd, b"0")  # "0" moves the writer into the cgroup
+    # a cgroup namespace rooted there: /proc/self/cgroup says "/", not the host's path
+    # (which names the pool and counts its cells)
+    _check(libc.unshare(CLONE_NEWCGROUP), "unshare cgroup")
     if first:
         report(status_w, b"R")
     raw, fds = recv_raw(chan)
@@ -642,10 +678,17 @@ def candidate(status_w, chan, cg_fds, first):
     for res, soft, hard in rlimits:
         resource.setrlimit(res, (soft, hard))
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    os.chdir(cwd)
+    # cwd was checked by the supervisor just before the go; failing to enter it now is
+    # the doing of an earlier run of the candidate (chmod 000...): its own failure,
+    # reported after `S` (start_program), never the machinery's.
+    try:
+        os.chdir(cwd)
+        cwd_errno = 0
+    except OSError as e:
+        cwd_errno = e.errno or errno.EACCES
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
                       ctypes.addressof(SECCOMP_PROG[1]), 0, 0), "seccomp")
-    start_program(status_w, *decode_program(rest))
+    start_program(status_w, *decode_program(rest), cwd_errno)
 
 
 def decode_spec(raw):
@@ -686,8 +729,10 @@ def decode_program(raw):
     return text[0], text[1], text[3:3 + argc], env
 
 
-def start_program(status_w, mode, path, argv, env):
-    """C, isolated: put the interpreter as a fresh one has it, say `S`, run."""
+def start_program(status_w, mode, path, argv, env, cwd_errno=0):
+    """C, isolated: put the interpreter as a fresh one has it, say `S`, run. With
+    `cwd_errno` the working directory could not be entered: the program fails as a
+    shell would (126), on the candidate's side of `S`."""
     # SIGPIPE ignored and SIGCHLD/TERM/HUP default came from B (cell_init). _signal,
     # not signal: the latter's enum conversions cost ~40 copy-on-write faults here.
     _signal.signal(SIGINT, _signal.default_int_handler)
@@ -699,6 +744,10 @@ def start_program(status_w, mode, path, argv, env):
     report(status_w, b"S")
     os.close(status_w)
     # From here on everything is the candidate's.
+    if cwd_errno:
+        _write(2, ("trialbox: cannot enter the working directory: %s (an earlier run "
+                   "changed it)\n" % os.strerror(cwd_errno)).encode())
+        _exit(126)
     if mode == "python":
         run_python(argv)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; programs don't
@@ -825,6 +874,12 @@ def main():
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         sys.exit(1)
+    # Started as /dev/fd/N (pool._spawn_zygote): the file is read; the fd goes.
+    if sys.argv[0].startswith("/dev/fd/"):
+        try:
+            os.close(int(sys.argv[0][len("/dev/fd/"):]))
+        except (ValueError, OSError):
+            pass
     ctl = socket.socket(fileno=int(os.environ.pop("TRIALBOX_CTL_FD")))
     try:
         serve(ctl)
