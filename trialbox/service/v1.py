@@ -103,9 +103,30 @@ async def open_session(body: SessionIn, request: Request) -> dict[str, Any]:
 async def get_session(sid: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     session = _session(state, sid)
-    files = await session.sandbox.list_files()  # read-only: no need to wait for a run
-    return {"session_id": session.id, "limits": asdict(session.limits),
-            "created": session.created, "runs": session.runs, "files": files}
+    # Read-only: no need to wait for a run. The workspace is the candidate's: too many
+    # files or directories too deep to list is said in `files_error`, not a failure.
+    files: list[str] | None = None
+    files_error = ""
+    try:
+        files = [_shown(name) for name in await session.sandbox.list_files()]
+    except UsageError as e:
+        files_error = str(e)
+    out: dict[str, Any] = {"session_id": session.id, "limits": asdict(session.limits),
+                           "created": session.created, "runs": session.runs,
+                           "files": files}
+    if files_error:
+        out["files_error"] = files_error
+    return out
+
+
+def _shown(name: str) -> str:
+    """A workspace name as JSON can carry it: bytes that are not UTF-8 (the candidate
+    may name files anything) as backslash escapes, e.g. 'a\\xff.txt'."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 @router.delete("/sessions/{sid}")
