@@ -541,3 +541,34 @@ def test_limits_of_the_session_are_documented_numbers():
     assert session_inodes(lim) == max(4096, lim.disk_bytes // 4096)
     assert session_carry(lim) == lim.disk_bytes + session_inodes(lim) * 1024
     assert socket_bytes(lim) == 32 * MiB
+
+
+def test_a_an_episode_that_breaks_its_workspace_does_not_lose_the_batch(runner):
+    """Turn one of an agent episode makes main.py a directory; its next turn is a
+    candidate outcome and the batch (with another episode) comes back (before: the
+    UsageError raised out of rollout() and lost every episode of the batch)."""
+    from trialbox.rollout.agent import AgentConfig, rollout
+    from trialbox.rollout.policy import ScriptedPolicy
+    from trialbox.schedule.lease import DirectLeaser
+    from trialbox.types import Task, TaskKind, TestCase
+
+    add = Task(task_id="add", kind=TaskKind.STDIO, prompt="Read two integers; print their sum.",
+               visible_tests=(TestCase("v", stdin=b"2 3\n", expected=b"5\n"),),
+               hidden_tests=(TestCase("h", stdin=b"40 2\n", expected=b"42\n"),))
+    breaker = ("```python\nimport os\nos.remove('main.py')\nos.mkdir('main.py')\n```")
+    right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+    def script(prompt: str, turn: int) -> str:
+        return breaker if turn == 0 and "BREAK" in prompt else right
+
+    async def opener(lim):
+        return await NamespaceSandbox.open(runner.pool, lim)
+    tasks = [add, Task(task_id="add-break", kind=TaskKind.STDIO,
+                       prompt=add.prompt + " BREAK", visible_tests=add.visible_tests,
+                       hidden_tests=add.hidden_tests)]
+    batch = runner.run(rollout(ScriptedPolicy(script), tasks, max_turns=2,
+                               config=AgentConfig(max_new_tokens=400), pool=runner.pool,
+                               leaser=DirectLeaser(opener)))
+    by_task = {t.task_id: t for t in batch.trajectories}
+    assert by_task["add"].passed and by_task["add-break"].reward is not None
+    assert all(t.reward is not None for t in batch.trajectories)

@@ -50,6 +50,7 @@ from trialbox.rollout.text import (
 from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.languages import language, run_code
 from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.mounts import PathObstructed
 from trialbox.sandbox.pool import CellPool
 from trialbox.schedule.lease import DirectLeaser, Leaser
 from trialbox.types import (
@@ -332,8 +333,10 @@ async def _run_in_session(env: _Env, episode_id: str, task: Task,
 async def _exec_file(sb: Sandbox, path: str, source: str, cfg: AgentConfig) -> ExecResult:
     try:
         await sb.write_file(path, source.encode("utf-8", errors="surrogateescape"))
-    except UsageError as e:  # too large for the workspace: the candidate's doing
-        return ExecResult(ExecStatus.DISK, message=str(e))
+    except UsageError as e:  # too large for the workspace, or an earlier turn made
+        # solution.py a directory: the candidate's doing either way
+        status = ExecStatus.EXIT if isinstance(e, PathObstructed) else ExecStatus.DISK
+        return ExecResult(status, message=str(e))
     return await sb.exec(["python3", path], limits=cfg.exec_limits)
 
 
