@@ -49,8 +49,8 @@ from trialbox.rollout.text import (
 )
 from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.languages import language, run_code
-from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.mounts import PathObstructed
+from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.schedule.lease import DirectLeaser, Leaser
 from trialbox.types import (
