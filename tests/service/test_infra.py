@@ -25,7 +25,8 @@ def _zygotes(server_pid: int) -> list[int]:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if b"zygote.py" in cmd and ppid == server_pid:
+        # the zygote runs zygote.py as `python3 -I -B /dev/fd/N` (pool._spawn_zygote)
+        if b"\0-I\0-B\0/dev/fd/" in cmd and ppid == server_pid:
             found.append(int(name))
     return found
 
