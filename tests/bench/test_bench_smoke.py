@@ -141,3 +141,25 @@ def test_fork_server_baselines(system: type[System], tmp_path) -> None:
     else:
         assert all(r[2] == "1000" and r[3] == "/workspace" and r[4] == "False"
                    for r in rows), rows
+
+
+def test_fork_server_session_ends_after_a_time_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run past the call limit kills the session's server: a late exit status must
+    never be read as the next run's."""
+    import trialbox.bench.forkserver as fs
+    monkeypatch.setattr(fs, "CALL_TIMEOUT_S", 1.0)
+
+    async def go() -> tuple[str, str, int | None]:
+        system = ForkServerSystem()
+        runner = await system.runner()
+        assert isinstance(runner, fs.ForkServerRunner)
+        try:
+            slow = await runner.run("import time; time.sleep(5); print(1)")
+            after = await runner.run("print(1)")
+            return slow.error, after.error, await asyncio.wait_for(runner.proc.wait(), 5)
+        finally:
+            await runner.close()
+            await system.close()
+
+    slow, after, rc = asyncio.run(go())
+    assert "timed out" in slow and "stopped after a time-out" in after and rc == -9

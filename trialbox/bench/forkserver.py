@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -166,6 +167,8 @@ class ForkServerRunner(Runner):
 
     async def run(self, code: str) -> Outcome:
         data = code.encode()
+        if self.ctl.fileno() < 0:
+            return Outcome(False, b"", "the fork server was stopped after a time-out")
         if len(data) > MAX_PROGRAM:
             return Outcome(False, b"", f"program over {MAX_PROGRAM} bytes")
         loop = asyncio.get_running_loop()
@@ -185,6 +188,8 @@ class ForkServerRunner(Runner):
                 _read_fd(out_r), _read_fd(err_r), loop.sock_recv(self.ctl, 4)),
                 CALL_TIMEOUT_S)
         except TimeoutError:
+            # A late status would be read as the next run's: this session is over.
+            self.kill()
             return Outcome(False, b"", f"timed out after {CALL_TIMEOUT_S}s")
         if len(status) != 4:
             return Outcome(False, out, "the fork server closed its socket")
@@ -193,6 +198,13 @@ class ForkServerRunner(Runner):
             return Outcome(False, out, f"exit {rc}: "
                            f"{err.decode(errors='replace').strip()[-300:]}")
         return Outcome(True, out)
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (it is the leader: the server, its children,
+        bwrap's sandbox), and close the socket."""
+        self.ctl.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     async def close(self) -> None:
         self.ctl.close()  # the waiting child reads EOF and exits; then the server does
