@@ -5,7 +5,11 @@
     [sft]     the supervised warm start (steps = 0 skips it)
     [grpo]    the policy-gradient phase (algorithm = "grpo" or "ppo")
     [rollout] the agent loop (turns, tokens, temperature, concurrency; mode = "async")
-    [eval]    held-out pass@1 before and after
+    [eval]    pass@1 before and after, on the validation or the test split
+    [tasks]   where tasks come from (the demo family, HumanEval, JSONL/Parquet files or
+              fsspec URLs) and the train / validation / test splits (tasksets.py)
+    [policy]  the local model of [model] (trained), or an OpenAI-compatible server
+              (vLLM, SGLang: rollouts and evaluation only, docs/training.md)
 
     config = load_config("trialbox/train/demo.toml")   # = trialbox train <that file>
 
@@ -27,6 +31,7 @@ from trialbox.errors import UsageError
 from trialbox.train.losses import Advantage, Aggregation
 from trialbox.train.model import ModelConfig
 from trialbox.train.sft import SFTConfig
+from trialbox.train.tasksets import EvalSplit, TasksSection, check_tasks_table
 
 
 @dataclass(frozen=True)
@@ -207,14 +212,72 @@ class RolloutSection:
 
 @dataclass(frozen=True)
 class EvalSection:
-    """Held-out pass@1 (unseen programs, the real judge)."""
+    """pass@1 on a split never trained on (the real judge), with a 95% interval."""
 
     tasks: int = 200
-    """Held-out tasks."""
+    """Tasks of the split at most (0: no evaluation)."""
     temperature: float = 0.0
     """0: greedy, one sample per task (pass@1 of the model's best answer)."""
-    seed: int = 12345
-    """Held-out task seed (fixed: every run is measured on the same tasks)."""
+    split: EvalSplit = EvalSplit.TEST
+    """test (the reported figure) or validation (what a recipe is tuned on)."""
+
+    def __post_init__(self) -> None:
+        if self.tasks < 0:
+            raise UsageError(f"[eval] tasks must be >= 0, got {self.tasks}")
+
+
+class PolicyKind(enum.Enum):
+    """Which model writes the episodes."""
+
+    LOCAL = "local"
+    """The [model] section's transformers model, in this process: sampled and trained."""
+    OPENAI = "openai"
+    """A model served by an OpenAI-compatible server (vLLM, SGLang) at `base_url`:
+    trialbox cannot update its weights yet, so the run evaluates only ([sft] and
+    [grpo] steps = 0; docs/training.md, "A served model")."""
+
+
+SERVER_KEYS = ("base_url", "model", "tokenizer", "api_key_env", "prompt_as",
+               "max_concurrency", "timeout_s")
+"""[policy] keys that only mean something with kind = "openai"."""
+
+
+@dataclass(frozen=True)
+class PolicySection:
+    """The model that writes the episodes."""
+
+    kind: PolicyKind = PolicyKind.LOCAL
+    """local ([model], trained) or openai (a served model, evaluation only)."""
+    base_url: str = ""
+    """openai: the server, e.g. http://localhost:8000/v1."""
+    model: str = ""
+    """openai: the served model's name (vLLM's --served-model-name)."""
+    tokenizer: str = "byte"
+    """openai: the served model's tokenizer: "byte" (the demo model's) or a local
+    directory holding a transformers tokenizer (never downloaded)."""
+    api_key_env: str = ""
+    """openai: the environment variable holding the API key ("" = none; never the key
+    itself in a config file)."""
+    prompt_as: str = "text"
+    """openai: send the prompt as "text" or as token "ids"."""
+    max_concurrency: int = 64
+    """openai: requests in flight at once."""
+    timeout_s: float = 120.0
+    """openai: one request's timeout."""
+
+    def __post_init__(self) -> None:
+        if self.kind is PolicyKind.OPENAI:
+            if not self.base_url.startswith(("http://", "https://")):
+                raise UsageError(f"[policy] base_url must start with http:// or https:// "
+                                 f"(e.g. http://localhost:8000/v1), got {self.base_url!r}")
+            if not self.model:
+                raise UsageError("[policy] model must name the served model (vLLM's "
+                                 "--served-model-name)")
+            if self.prompt_as not in ("text", "ids"):
+                raise UsageError(f"[policy] prompt_as must be 'text' or 'ids', got "
+                                 f"{self.prompt_as!r}")
+            if self.max_concurrency < 1 or not self.timeout_s > 0:
+                raise UsageError("[policy] max_concurrency must be >= 1 and timeout_s > 0")
 
 
 @dataclass(frozen=True)
@@ -225,8 +288,20 @@ class TrainConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    tasks: TasksSection = field(default_factory=TasksSection)
+    policy: PolicySection = field(default_factory=PolicySection)
 
     def __post_init__(self) -> None:
+        if self.policy.kind is PolicyKind.OPENAI:
+            if self.sft.steps or self.grpo.steps or self.run.resume:
+                raise UsageError(
+                    "[policy] kind = 'openai': trialbox cannot update a served model's "
+                    "weights yet, so set [sft] steps = 0 and [grpo] steps = 0 (and no "
+                    "resume) to evaluate it, or use kind = 'local' to train the [model] "
+                    "copy (docs/training.md, \"A served model\")")
+            if not self.eval.tasks:
+                raise UsageError("[policy] kind = 'openai' evaluates only, but [eval] "
+                                 "tasks = 0; set [eval] tasks")
         if self.grpo.batch % self.grpo.micro_batch and self.grpo.micro_batch < self.grpo.batch:
             raise UsageError(
                 f"[grpo] micro_batch={self.grpo.micro_batch} must divide tasks_per_step x "
@@ -235,7 +310,7 @@ class TrainConfig:
         # of feedback. It must fit the model's learned positions.
         need = 120 + self.rollout.max_turns * (self.rollout.max_new_tokens + 40)
         positions = self.model.shape.n_positions
-        if not self.model.path and need > positions:
+        if self.tasks.demo and not self.model.path and need > positions:
             raise UsageError(
                 f"[rollout] max_turns={self.rollout.max_turns} x max_new_tokens="
                 f"{self.rollout.max_new_tokens} needs ~{need} positions but [model] "
@@ -299,13 +374,19 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
 
 def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     """A TrainConfig from parsed TOML (see the module docstring for the sections)."""
-    sections = {"run", "model", "sft", "grpo", "rollout", "eval"}
+    sections = {"run", "model", "sft", "grpo", "rollout", "eval", "tasks", "policy"}
     for key in data:
         if key not in sections:
             raise UsageError(f"unknown section [{key}]; known sections: "
                              f"{', '.join(sorted(sections))}")
     _check_algorithm_keys(data.get("grpo", {}))
     _check_mode_keys(data.get("rollout", {}))
+    _check_policy_keys(data.get("policy", {}))
+    check_tasks_table(data.get("tasks", {}))
+    tasks_table = data.get("tasks", {})
+    if isinstance(tasks_table, dict) and "source" not in tasks_table and any(
+            tasks_table.get(k) for k in ("train", "validation", "test")):
+        tasks_table = {**tasks_table, "source": ""}  # named files: no source
     model_table = dict(data.get("model", {}))
     path = model_table.pop("path", "")
     if not isinstance(path, str):
@@ -321,7 +402,9 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
             sft=_section(SFTConfig, data.get("sft", {}), "sft"),
             grpo=_section(GRPOConfig, data.get("grpo", {}), "grpo"),
             rollout=_section(RolloutSection, data.get("rollout", {}), "rollout"),
-            eval=_section(EvalSection, data.get("eval", {}), "eval"))
+            eval=_section(EvalSection, data.get("eval", {}), "eval"),
+            tasks=_section(TasksSection, tasks_table, "tasks"),
+            policy=_section(PolicySection, data.get("policy", {}), "policy"))
     except UsageError as e:
         msg = str(e)
         if msg.startswith("model."):
@@ -352,6 +435,17 @@ def _check_algorithm_keys(table: Any) -> None:
             if key in table:
                 raise UsageError(f"[grpo] {key} only applies to algorithm = 'ppo'; "
                                  f"remove {key} or set algorithm = 'ppo'")
+
+
+def _check_policy_keys(table: Any) -> None:
+    """A server's keys under kind = "local" are a mistake (a forgotten kind), not a no-op."""
+    if not isinstance(table, dict):
+        return  # _section reports it
+    if table.get("kind", PolicyKind.LOCAL.value) == PolicyKind.LOCAL.value:
+        for key in SERVER_KEYS:
+            if key in table:
+                raise UsageError(f"[policy] {key} only applies to kind = 'openai' (a "
+                                 f"served model); set kind = 'openai' or remove {key}")
 
 
 def _check_mode_keys(table: Any) -> None:

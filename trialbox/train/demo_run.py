@@ -2,11 +2,13 @@
 
 Build a ~0.7M-parameter byte-level transformer, warm-start it with a short supervised
 phase on generated programs written by an unverified teacher (it has twelve classic
-bugs, `demo_tasks.TEACHER_BUGS`, which imitation learns too), measure held-out pass@1
-(tasks whose examples were never trained on, greedy, graded by the trusted judge in real
-sandboxes), train it with GRPO over two-turn episodes (the
-judge's feedback on the visible examples between turns), measure again, and report:
-pass@1 before/after, the reward curve (PNG), where the records and TensorBoard logs are.
+bugs, `demo_tasks.TEACHER_BUGS`, which imitation learns too), measure pass@1 on the test
+split (held-out prompts no tuning looked at, none sharing examples with a training
+prompt; greedy, graded by the trusted judge in real sandboxes), train it with GRPO over
+two-turn episodes (the judge's feedback on the visible examples between turns), measure
+again, and report: pass@1 before/after with 95% intervals, the rise with its paired
+interval (what it measures: the policy unlearning the teacher's bugs from sandbox
+rewards), the reward curve (PNG), where the records and TensorBoard logs are.
 
 The recipe is `trialbox/train/demo.toml`; `--smoke` shrinks it to a few seconds of work
 (used by the test suite: it checks the plumbing, not the learning).
@@ -69,8 +71,10 @@ class _Live:
             elif r["step"] == r["steps"] or r["step"] % 50 == 0:
                 print(("\r" if self.tty else "") + line, flush=True)
         elif event == "eval":
-            print(f"{t} held-out pass@1 {r['when']:<6} {_pct(r['pass1'])}  "
-                  f"({r['passed']}/{r['graded']} held-out tasks, greedy, excluded "
+            lo, hi = r["ci95"]
+            print(f"{t} {r['split']} pass@1 {r['when']:<6} {_pct(r['pass1'])}  "
+                  f"[95% CI {100 * lo:.1f}-{100 * hi:.1f}]  "
+                  f"({r['passed']}/{r['graded']} {r['split']} tasks, greedy, excluded "
                   f"{r['excluded']}; {r['teacher_bugs']} answers are the teacher's bug; "
                   f"judged in {r['wall_s']:.1f}s)", flush=True)
             self.evals[r["when"]] = r
@@ -107,6 +111,35 @@ def template_table(before: dict[str, Any], after: dict[str, Any]) -> str:
     rows.append(f" answers that are exactly the teacher's bug: {before['teacher_bugs']} -> "
                 f"{after['teacher_bugs']}")
     return "\n".join(rows)
+
+
+def summary(result: TrainResult, split: str) -> str:
+    """The run's figure: pass@1 before -> after on the eval split, each with its 95%
+    interval, the paired rise with its own, and what the split left out."""
+    before, after = result.eval_before, result.eval_after
+    if before is None or after is None:
+        return f" {split} pass@1: not measured ([eval] tasks = 0)"
+    lines = [f" {split} pass@1 (greedy, {after['graded']} tasks never trained on, none "
+             "used to tune the recipe):" if split == "test" else
+             f" {split} pass@1 (greedy, {after['graded']} tasks; the recipe was tuned on "
+             "this split: report the test split):",
+             f"   after the warm start {_ci(before['pass1'], before['ci95'])}",
+             f"   after GRPO           {_ci(after['pass1'], after['ci95'])}"]
+    if result.rise is not None:
+        mean, lo, hi = result.rise
+        lines.append(f"   rise                 {_ci(mean, [lo, hi], sign=True)} points "
+                     "(paired over the same tasks)")
+    if after.get("note"):
+        lines.append(f"   {after['note']}")
+    return "\n".join(lines)
+
+
+def _ci(x: float | None, ci: list[float] | None, sign: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    fmt = "+.1f" if sign else ".1f"
+    head = f"{100 * x:{fmt}}" + ("" if sign else "%")
+    return head if not ci else f"{head} [{100 * ci[0]:{fmt}}, {100 * ci[1]:{fmt}}]"
 
 
 def _pct(x: float | None) -> str:
@@ -169,12 +202,8 @@ async def _one(config: TrainConfig) -> dict[str, Any]:
         await pool.close()
     png = reward_curve(result, os.path.join(config.run.out_dir, "reward_curve.png"),
                        f"trialbox demo, seed {config.run.seed}")
-    rise = (None if result.pass_before is None or result.pass_after is None
-            else result.pass_after - result.pass_before)
-    print(f"\n held-out pass@1 (greedy, {config.eval.tasks} tasks whose examples were never "
-          f"trained on): {_pct(result.pass_before).strip()} after the warm start -> "
-          f"{_pct(result.pass_after).strip()} after GRPO"
-          + (f" ({100 * rise:+.1f} points)" if rise is not None else ""))
+    rise = None if result.rise is None else result.rise[0]
+    print("\n" + summary(result, config.eval.split.value))
     if "before" in live.evals and "after" in live.evals:
         print(template_table(live.evals["before"], live.evals["after"]))
     if result.stopped:
@@ -187,8 +216,13 @@ async def _one(config: TrainConfig) -> dict[str, Any]:
           f" TensorBoard:       tensorboard --logdir {os.path.join(d, 'tb')}\n"
           f" models:            {os.path.join(d, 'sft')} (warm start), "
           f"{os.path.join(d, 'final')} (after GRPO)", flush=True)
-    return {"seed": config.run.seed, "pass_before": result.pass_before,
-            "pass_after": result.pass_after, "rise": rise, "steps": result.steps_done,
+    before, after = result.eval_before or {}, result.eval_after or {}
+    return {"seed": config.run.seed, "split": config.eval.split.value,
+            "pass_before": result.pass_before, "pass_after": result.pass_after,
+            "ci95_before": before.get("ci95"), "ci95_after": after.get("ci95"),
+            "rise": rise, "rise_ci95": None if result.rise is None else
+            list(result.rise[1:]), "eval_tasks": after.get("graded"),
+            "removed": after.get("removed"), "steps": result.steps_done,
             "stopped": result.stopped, "wall_s": round(result.wall_s, 1),
             "sft_s": round(result.sft_seconds, 1), "out_dir": d,
             "load_avg_end": os.getloadavg()[0]}
@@ -216,11 +250,13 @@ def main(args: argparse.Namespace) -> int:
         config = demo_config(seed, args.out, args.smoke, args.device)
         rows.append(asyncio.run(_one(config)))
     if len(rows) > 1:
-        print("\n seed   pass@1 before   after    rise     wall s")
+        print(f"\n {rows[0]['split']} pass@1 per seed (95% CI):")
+        print(" seed   before               after                rise                 "
+              "wall s")
         for r in rows:
-            rise = "n/a" if r["rise"] is None else f"{100 * r['rise']:+.1f}"
-            print(f" {r['seed']:>4}   {_pct(r['pass_before'])}        "
-                  f"{_pct(r['pass_after'])}  {rise:>6}   {r['wall_s']:8.0f}")
+            print(f" {r['seed']:>4}   {_ci(r['pass_before'], r['ci95_before']):<19}  "
+                  f"{_ci(r['pass_after'], r['ci95_after']):<19}  "
+                  f"{_ci(r['rise'], r['rise_ci95'], sign=True):<19}  {r['wall_s']:6.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"runs": rows}, f, indent=1)

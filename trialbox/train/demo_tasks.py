@@ -14,11 +14,18 @@ FUNCTION, judged like HumanEval: the completion is appended to the prompt.
 
 Splits. A task's split follows a hash of its prompt (its three examples), fixed once and
 independent of any seed: ~1/4 of all prompts are held out and never trained on, the
-rest are for training. Both splits draw from every program of the DSL (136), so the
-held-out set measures what the policy does on examples it has never seen, of the same
-family. (Until 2026-11-30 the split was by *program*: that taught the model a rule
-that is not there — "template T never comes with constant c" — and held-out programs
-with a constant scored ~0 whatever the training did; docs/training.md.)
+rest are for training. Both draw from every program of the DSL (136), so the held-out
+set measures what the policy does on examples it has never seen, of the same family.
+The held-out prompts are measured two ways (`heldout_validation`, `heldout_test`): the
+*validation* split (500 draws of seed 12345: what every recipe in docs/training.md was
+tuned on) and the *test* split (draws of another seed, each prompt once, none of them a
+validation prompt, none sharing two of its three examples with a prompt the run trains
+on; `HeldOutTest` counts what was removed). That last rule removes every integer task:
+their first two examples are always f(0) and f(1), and a run's ~3,000 training prompts
+hold every integer program with them, so the test split is the string tasks'. (Until
+2026-11-30 the split was by *program*: that taught the model a rule that is not there —
+"template T never comes with constant c" — and held-out programs with a constant scored
+~0 whatever the training did; docs/training.md.)
 
 The teacher. The supervised warm start imitates an *unverified teacher*
 (`sft_pairs(..., teacher_error=p)`): for twelve templates it writes, with probability p,
@@ -38,7 +45,7 @@ import random
 import re
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trialbox.errors import UsageError
 from trialbox.types import Task, TaskKind, TestCase
@@ -226,6 +233,80 @@ def make_tasks(split: Split, n: int, seed: int) -> list[Task]:
                 break
         tasks.append(task)
     return tasks
+
+
+VALIDATION_SEED = 12345
+"""The validation split's draws (the held-out tasks every recipe was tuned on)."""
+VALIDATION_TASKS = 500
+"""How many validation draws were ever looked at while tuning (the test split avoids
+all of their prompts, whatever `n` a run asks for)."""
+TEST_SEED = 20261201
+"""The test split's draws (never used to choose anything)."""
+
+
+@dataclass(frozen=True)
+class HeldOutTest:
+    """The test split of one run and what was removed to build it."""
+
+    tasks: list[Task]
+    """Distinct held-out prompts, none in the validation split, none sharing two
+    examples with a training prompt of the run."""
+    drawn: int
+    """Held-out draws made to find them."""
+    duplicates: int
+    """Draws whose prompt was already drawn (each prompt counts once)."""
+    in_validation: int
+    """Distinct prompts dropped because the validation split (tuning) holds them."""
+    shares_examples: int
+    """Distinct prompts dropped because two of their examples appear together in a
+    prompt the run trains on (SFT or GRPO)."""
+
+
+def example_pairs(task: Task) -> set[frozenset[str]]:
+    """Every pair of a task's shown examples (its visible tests' code): two prompts that
+    share a pair show the model the same two input/output facts."""
+    shown = [t.code for t in task.visible_tests]
+    return {frozenset((a, b)) for i, a in enumerate(shown) for b in shown[i + 1:]}
+
+
+def heldout_validation(n: int) -> list[Task]:
+    """The first `n` validation draws (held-out prompts, seed `VALIDATION_SEED`)."""
+    return make_tasks(Split.HELDOUT, n, VALIDATION_SEED)
+
+
+def heldout_test(n: int, trained_on: list[Task]) -> HeldOutTest:
+    """`n` test tasks for a run that trains on `trained_on` (see the module docstring).
+    Raises UsageError when `n` such prompts cannot be found."""
+    if n < 0:
+        raise UsageError(f"number of tasks must be >= 0, got {n}")
+    tuned = {t.prompt for t in heldout_validation(max(n, VALIDATION_TASKS))}
+    seen_pairs: set[frozenset[str]] = set()
+    for task in trained_on:
+        seen_pairs |= example_pairs(task)
+    kept: list[Task] = []
+    prompts: set[str] = set()
+    drawn = duplicates = in_validation = shares = 0
+    chunk = 0
+    while len(kept) < n:
+        if drawn > 40 * n + 1000:
+            raise UsageError(f"the demo's test split holds only {len(kept)} prompts that "
+                             f"no training prompt shares examples with (after {drawn} "
+                             f"draws); lower [eval] tasks to {len(kept)} or below")
+        # chunks of a fixed size, so the first n tasks do not depend on n
+        for task in make_tasks(Split.HELDOUT, 256, TEST_SEED * 1000 + chunk):
+            drawn += 1
+            if task.prompt in prompts:
+                duplicates += 1
+                continue
+            prompts.add(task.prompt)
+            if task.prompt in tuned:
+                in_validation += 1
+            elif example_pairs(task) & seen_pairs:
+                shares += 1
+            elif len(kept) < n:
+                kept.append(replace(task, task_id=f"demo-test-{len(kept):05d}"))
+        chunk += 1
+    return HeldOutTest(kept, drawn, duplicates, in_validation, shares)
 
 
 def solution_of(task: Task) -> str:

@@ -1,7 +1,8 @@
 """PPO's update: a value head over the policy's last hidden states, GAE advantages
 over the loss mask, the clipped surrogate plus the clipped value loss. The trainer runs
 `ppo_step` in place of the group advantages + `update.policy_step` when
-`[grpo] algorithm = "ppo"` (docs/training.md, "PPO")."""
+`[grpo] algorithm = "ppo"` (docs/training.md, "PPO"); both drive their micro-batches
+through `update.micro_batch_epochs` and differ only in the loss of one micro-batch."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ from trialbox.train.losses import (
     clipped_pg_loss,
     clipped_value_loss,
     gae,
-    is_finite,
-    kl_k3,
     masked_whiten,
 )
 from trialbox.train.update import (
+    MicroLoss,
     UpdateStats,
     batch_of,
-    clip_and_step,
     clip_fraction,
-    token_logprobs,
+    kl_term,
+    mean_of,
+    micro_batch_epochs,
 )
 from trialbox.types import Trajectory
 
@@ -83,8 +84,8 @@ def ppo_step(model: Any, head: ValueHead, opt: torch.optim.Optimizer,
              trajs: list[Trajectory], valid: torch.Tensor, g: GRPOConfig, *,
              ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
              pad_id: int = 0, device: torch.device | None = None) -> UpdateStats:
-    """`g.epochs` PPO optimizer steps on one round's trajectories, built like
-    `policy_step` (micro-batch accumulation, optional k3 KL, the NaN guard):
+    """`g.epochs` PPO optimizer steps on one round's trajectories through
+    `micro_batch_epochs` (micro-batch accumulation, the NaN guard), like `policy_step`:
 
     1. old values V_old for every token, no grad, before any update;
     2. per-token rewards: the episode's reward on its last model token;
@@ -123,45 +124,33 @@ def ppo_step(model: Any, head: ValueHead, opt: torch.optim.Optimizer,
     adv = masked_whiten(adv, full["mask"])
 
     model.train()
-    losses: list[float] = []
-    vlosses: list[float] = []
-    kls: list[float] = []
-    clipped: list[float] = []
-    params = list(model.parameters()) + list(head.parameters())
-    for _ in range(g.epochs):
-        opt.zero_grad(set_to_none=True)
-        for lo, hi in spans:
-            ids, attn, mask = rows("ids", lo, hi), rows("attn", lo, hi), rows("mask", lo, hi)
-            width = ids.shape[1]
-            logp_old = rows("logp_old", lo, hi)
-            logp, v = logprobs_and_values(model, head, ids, attn, temperature)  # (b, T)
-            pg = clipped_pg_loss(logp, logp_old, adv[lo:hi, :width], g.clip_eps_low,
-                                 g.clip_eps_high)
-            vl = clipped_value_loss(v, values_old[lo:hi, :width],
-                                    returns[lo:hi, :width], g.value_clip)
-            per_tok = pg + g.value_coef * vl
-            if ref is not None and g.kl_coef > 0:
-                with torch.no_grad():
-                    logp_ref = token_logprobs(ref, ids, attn, temperature)
-                kl = kl_k3(logp, logp_ref)
-                per_tok = per_tok + g.kl_coef * kl
-                kls.append(float(aggregate(kl.detach(), mask, g.aggregation)))
-            loss = aggregate(per_tok, mask, g.aggregation, max_tokens=max_tokens)
-            if not is_finite(loss):
-                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
-                stats.skipped = True
-                return stats
-            w = aggregate_weight(mask, full["mask"], g.aggregation)
-            (loss * w).backward()  # type: ignore[no-untyped-call]
-            losses.append(float(loss.detach()))
-            vlosses.append(float(aggregate(vl.detach(), mask, g.aggregation,
-                                           max_tokens=max_tokens)))
-            clipped.append(clip_fraction(logp, logp_old, mask, g))
-        if not clip_and_step(opt, params, g, stats):
-            return stats
-    stats.loss = sum(losses) / len(losses)
-    stats.value_loss = sum(vlosses) / len(vlosses)
-    stats.kl = sum(kls) / len(kls) if kls else 0.0
-    stats.clip_frac = sum(clipped) / len(clipped)
-    return stats
 
+    def micro(span: tuple[int, int]) -> MicroLoss:
+        lo, hi = span
+        ids, attn, mask = rows("ids", lo, hi), rows("attn", lo, hi), rows("mask", lo, hi)
+        width = ids.shape[1]
+        logp_old = rows("logp_old", lo, hi)
+        logp, v = logprobs_and_values(model, head, ids, attn, temperature)      # (b, T)
+        pg = clipped_pg_loss(logp, logp_old, adv[lo:hi, :width], g.clip_eps_low,
+                             g.clip_eps_high)
+        vl = clipped_value_loss(v, values_old[lo:hi, :width], returns[lo:hi, :width],
+                                g.value_clip)
+        per_tok = pg + g.value_coef * vl
+        logs = {"clip_frac": clip_fraction(logp, logp_old, mask, g),
+                "value_loss": float(aggregate(vl.detach(), mask, g.aggregation,
+                                              max_tokens=max_tokens))}
+        kl = kl_term(logp, ref, ids, attn, mask, g, temperature, logs)
+        if kl is not None:
+            per_tok = per_tok + kl
+        return MicroLoss(aggregate(per_tok, mask, g.aggregation, max_tokens=max_tokens),
+                         aggregate_weight(mask, full["mask"], g.aggregation), logs)
+
+    params = list(model.parameters()) + list(head.parameters())
+    logs = micro_batch_epochs(opt, params, g, spans, micro, stats)
+    if logs is None:
+        return stats
+    stats.loss = mean_of(logs, "loss")
+    stats.value_loss = mean_of(logs, "value_loss")
+    stats.kl = mean_of(logs, "kl")
+    stats.clip_frac = mean_of(logs, "clip_frac")
+    return stats

@@ -1,16 +1,20 @@
 """The trainer: supervised warm start, then GRPO (or PPO: `[grpo] algorithm = "ppo"`)
 over multi-turn episodes judged in real sandboxes. `train()` reads top to bottom:
 
-    setup ─► [SFT warm start] ─► held-out pass@1 ─► for each step:
+    setup ([tasks] splits, [policy]) ─► [SFT warm start] ─► pass@1 on [eval] split
+    ─► for each step:
         rollout (agent loop: generate ─► judge ─► feedback ─► …)   trialbox.rollout
                 (async: the producer's batch, rolled out ahead by   pipeline.py
                  weights at most max_staleness steps older)
         rewards ─► group advantages (None = excluded, counted)    losses.py
                    (PPO: values ─► GAE ─► whitened, in ppo_step)  ppo.py
         update epochs, gradient accumulation over micro-batches   update.py
-                   (NaN ─► step skipped)
+                   (NaN ─► step skipped; the update function is
+                    chosen once, `make_update`)
         log (metrics.jsonl, TensorBoard) ─► checkpoint            runfiles.py
-    ─► held-out pass@1 again
+    ─► pass@1 again, the rise with its paired 95% interval      confidence.py
+
+With `[policy] kind = "openai"` the run only evaluates the served model (`evaluate_served`).
 
     result = asyncio.run(train(load_config("trialbox/train/demo.toml")))
 
@@ -38,10 +42,13 @@ from trialbox.errors import UsageError
 from trialbox.judge.reward import RewardSpec
 from trialbox.rollout.agent import AgentConfig, RolloutBatch, rollout
 from trialbox.rollout.hf_policy import HFPolicy
-from trialbox.rollout.policy import ByteTokenizer
+from trialbox.rollout.openai_policy import OpenAIConfig, OpenAIPolicy
+from trialbox.rollout.policy import ByteTokenizer, Policy
+from trialbox.rollout.text import default_prompt
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
-from trialbox.train.config import Algorithm, RewardKind, RolloutMode, TrainConfig
+from trialbox.train.confidence import paired_rise, wilson
+from trialbox.train.config import Algorithm, PolicyKind, RewardKind, RolloutMode, TrainConfig
 from trialbox.train.losses import group_advantages, rewards_tensor
 from trialbox.train.pipeline import (
     AsyncBatches,
@@ -58,6 +65,7 @@ from trialbox.train.ppo import VALUE_HEAD_FILE, ValueHead, ppo_step
 from trialbox.train.replay import SuccessReplay
 from trialbox.train.runfiles import Checkpoint, MetricsLog
 from trialbox.train.sft import sft
+from trialbox.train.tasksets import EvalTasks, TaskSets, sft_pair, task_sets
 from trialbox.train.update import UpdateStats, policy_step
 from trialbox.types import Outcome, Task, Trajectory
 
@@ -76,49 +84,79 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     sft_seconds: float = 0.0
     wall_s: float = 0.0
+    eval_before: dict[str, Any] | None = None
+    """The evaluation record before training (`evaluate_pass1`: split, ci95, note, …)."""
+    eval_after: dict[str, Any] | None = None
+    rise: tuple[float, float, float] | None = None
+    """pass@1 after - before on the same tasks, with its paired 95% interval."""
 
 
 # --------------------------------------------------------------------------- plumbing
 
+def run_task_sets(config: TrainConfig) -> TaskSets:
+    """The run's tasks ([tasks]), loaded and checked: a UsageError before anything is
+    written when a source is missing or a split the run uses is empty."""
+    training = config.policy.kind is PolicyKind.LOCAL and bool(
+        config.grpo.steps or config.sft.steps)
+    return task_sets(config.tasks, seed=config.run.seed,
+                     tasks_per_step=config.grpo.tasks_per_step,
+                     sft_size=max(2000, config.sft.steps * config.sft.batch_size // 4),
+                     training=training,
+                     eval_split=config.eval.split if config.eval.tasks else None)
+
+
 def train_tasks(config: TrainConfig, step: int) -> list[Task]:
-    """The tasks of one GRPO step: a function of the seed and the step (so a resumed
-    run sees the tasks it would have seen)."""
-    return demo_tasks.make_tasks(demo_tasks.Split.TRAIN, config.grpo.tasks_per_step,
-                                 seed=config.run.seed * 1_000_003 + step)
+    """The tasks of one GRPO step of the demo family: a function of the seed and the
+    step (so a resumed run sees the tasks it would have seen)."""
+    return TaskSets(config.tasks, config.run.seed, config.grpo.tasks_per_step,
+                    0).train_step(step)
+
+
+def trained_on(config: TrainConfig, sets: TaskSets) -> list[Task]:
+    """Every task the run trains on: the warm start's and each GRPO step's."""
+    if config.policy.kind is not PolicyKind.LOCAL:
+        return []
+    sft_tasks = sets.sft_tasks if config.sft.steps else []
+    return sft_tasks + [t for s in range(config.grpo.steps) for t in sets.train_step(s)]
 
 
 def agent_config(config: TrainConfig, *, max_turns: int | None = None,
                  temperature: float | None = None) -> AgentConfig:
-    """The agent loop for the demo tasks: raw completions of the `return ` line,
-    judge-only (no separate run: the visible tests' feedback says what failed)."""
+    """The agent loop. The demo family: raw completions of the `return ` line,
+    judge-only (no separate run: the visible tests' feedback says what failed). Other
+    sources: the agent's default prompt and feedback (a whole function or program in a
+    ```python block, the run's stderr and the failing visible tests)."""
     r = config.rollout
     spec = RewardSpec() if r.reward is RewardKind.BINARY else \
         RewardSpec(pass_rate=0.5, all_passed=0.5, binary=False)
+    demo = config.tasks.demo
     return AgentConfig(reward_spec=spec,
         max_turns=max_turns or r.max_turns, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature if temperature is None else temperature,
-        stop=("\n",), max_context_tokens=config.positions, turn_penalty=r.turn_penalty,
-        execute=False, max_concurrent_env=r.env_workers,
-        render_prompt=demo_tasks.render_prompt, render_feedback=demo_tasks.render_feedback)
+        stop=("\n",) if demo else (), max_context_tokens=config.positions,
+        turn_penalty=r.turn_penalty, execute=not demo, max_concurrent_env=r.env_workers,
+        render_prompt=demo_tasks.render_prompt if demo else None,
+        render_feedback=demo_tasks.render_feedback if demo else None)
 
 
-async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) -> \
-        dict[str, Any]:
-    """Held-out pass@1: one single-turn sample per unseen task, graded by the judge.
-    Excluded (infra) episodes leave the denominator and are counted."""
-    tasks = demo_tasks.make_tasks(demo_tasks.Split.HELDOUT, config.eval.tasks,
-                                  config.eval.seed)
-    batch = await rollout(policy, tasks, group_size=1, pool=pool,
+async def evaluate_pass1(policy: Policy, config: TrainConfig, pool: CellPool,
+                         tasks: EvalTasks) -> dict[str, Any]:
+    """pass@1 on `tasks`: one single-turn sample per task, graded by the judge, with its
+    95% Wilson interval. Excluded (infra) episodes leave the denominator and are
+    counted; `passed_ids` (the tasks passed) lets two evaluations be paired."""
+    batch = await rollout(policy, tasks.tasks, group_size=1, pool=pool,
                           config=agent_config(config, max_turns=1,
                                               temperature=config.eval.temperature))
     graded = batch.stats.episodes - batch.stats.excluded
     outcomes: dict[str, int] = {}
     by_template: dict[str, list[int]] = {}
     teacher_bugs = 0  # answers that are exactly the warm start's teacher's bug
-    by_id = {t.task_id: t for t in tasks}
+    by_id = {t.task_id: t for t in tasks.tasks}
     for t in batch.trajectories:
         key = t.grade.outcome.value if t.grade is not None else "none"
         outcomes[key] = outcomes.get(key, 0) + 1
+        if not config.tasks.demo:
+            continue
         task = by_id[t.task_id]
         row = by_template.setdefault(demo_tasks.template_of(task), [0, 0])
         row[0] += int(t.passed)
@@ -126,12 +164,25 @@ async def evaluate_pass1(policy: HFPolicy, config: TrainConfig, pool: CellPool) 
         bug = demo_tasks.teacher_bug(task)
         said = " ".join(t.turns[0].output_text.split("\n", 1)[0].split()) if t.turns else ""
         teacher_bugs += int(bug is not None and said == bug.strip())
+    lo, hi = wilson(batch.stats.passed, graded)
     return {"pass1": batch.stats.passed / graded if graded else None,
+            "ci95": [lo, hi], "split": tasks.split.value, "note": tasks.note,
+            "removed": tasks.removed,
             "outcomes": outcomes, "teacher_bugs": teacher_bugs,
             "by_template": dict(sorted(by_template.items())),
             "passed": batch.stats.passed, "graded": graded,
-            "excluded": batch.stats.excluded, "tasks": len(tasks),
+            "excluded": batch.stats.excluded, "tasks": len(tasks.tasks),
+            "passed_ids": sorted(t.task_id for t in batch.trajectories if t.passed),
+            "graded_ids": sorted(t.task_id for t in batch.trajectories
+                                 if t.reward is not None),
             "temperature": config.eval.temperature, "wall_s": batch.stats.wall_s}
+
+
+def rise_ci(before: dict[str, Any], after: dict[str, Any]) -> tuple[float, float, float]:
+    """The paired rise of pass@1 (mean, lo, hi) over the tasks graded both times."""
+    both = sorted(set(before["graded_ids"]) & set(after["graded_ids"]))
+    b, a = set(before["passed_ids"]), set(after["passed_ids"])
+    return paired_rise([i in b for i in both], [i in a for i in both])
 
 
 def step_record(got: StepBatch, upd: UpdateStats, *, t0: float, t_rollout: float,
@@ -166,6 +217,129 @@ def step_record(got: StepBatch, upd: UpdateStats, *, t0: float, t_rollout: float
     return record
 
 
+def sft_data(config: TrainConfig, sets: TaskSets) -> list[tuple[str, str]]:
+    """The warm start's (context, completion) pairs: the demo's unverified teacher, or
+    a file source's canonical solutions (`tasksets.sft_pair`)."""
+    if config.tasks.demo:
+        return demo_tasks.sft_pairs(sets.sft_tasks, seed=config.run.seed,
+                                    retry_share=config.sft.retry_share,
+                                    teacher_error=config.sft.teacher_error)
+    pairs = [p for t in sets.sft_tasks if (p := sft_pair(t, default_prompt)) is not None]
+    if not pairs:
+        raise UsageError(f"[sft] steps = {config.sft.steps}, but no task of the train "
+                         "split has a canonical_solution to imitate; set [sft] steps = 0 "
+                         "(start from [model] path) or add solutions")
+    return pairs
+
+
+def check_fits(config: TrainConfig, sets: TaskSets, evals: EvalTasks | None) -> None:
+    """A file source's prompts must fit the local model's positions with a turn's
+    tokens after them (the byte-level model: one token per byte)."""
+    if config.tasks.demo:
+        return  # TrainConfig checks the demo family's sizes
+    positions = config.positions
+    if config.model.path:
+        with open(os.path.join(config.model.path, "config.json")) as f:
+            positions = int(json.load(f).get("n_positions", positions))
+    tasks = sets.train + (evals.tasks if evals is not None else [])
+    longest = max((len(default_prompt(t).encode()) for t in tasks), default=0)
+    if longest + config.rollout.max_new_tokens > positions:
+        raise UsageError(
+            f"[tasks] the longest prompt is {longest} tokens, which with [rollout] "
+            f"max_new_tokens = {config.rollout.max_new_tokens} does not fit the model's "
+            f"{positions} positions; raise [model] n_positions, or use a larger model "
+            "([model] path) or shorter tasks")
+
+
+async def evaluate_served(config: TrainConfig, evals: EvalTasks, pool: CellPool | None,
+                          say: Progress, t_start: float) -> TrainResult:
+    """[policy] kind = "openai": pass@1 of the served model on the eval split (no
+    training: trialbox cannot update a served model's weights yet)."""
+    p = config.policy
+    policy = OpenAIPolicy(p.base_url, p.model, served_tokenizer(p.tokenizer),
+                          api_key=os.environ.get(p.api_key_env) if p.api_key_env else None,
+                          config=OpenAIConfig(timeout_s=p.timeout_s,
+                                              max_concurrency=p.max_concurrency,
+                                              prompt_as=p.prompt_as))
+    os.makedirs(config.run.out_dir, exist_ok=True)
+    log = MetricsLog(config.run.out_dir, append=False)
+    own_pool = pool is None
+    if pool is None:
+        from trialbox.judge.function import judge_pool_config
+        pool = await CellPool(judge_pool_config(warm=2 * config.rollout.env_workers)).start()
+    try:
+        record = await evaluate_pass1(policy, config, pool, evals)
+        log.write("eval", 0, {"when": 0, "policy": p.model, **record})
+        say("eval", {"when": "served", **record})
+        with open(os.path.join(config.run.out_dir, "config.json"), "w") as f:
+            json.dump(asdict(config), f, default=str, indent=1)
+    finally:
+        log.close()
+        await policy.aclose()
+        if own_pool:
+            await pool.close()
+    return TrainResult(config.run.out_dir, 0, record["pass1"], None, eval_before=record,
+                       wall_s=time.monotonic() - t_start)
+
+
+def served_tokenizer(spec: str) -> Any:
+    """[policy] tokenizer: "byte", or a local transformers tokenizer directory."""
+    if spec == "byte":
+        return ByteTokenizer()
+    if not os.path.isdir(spec):
+        raise UsageError(f"[policy] tokenizer {spec!r} is neither 'byte' nor a directory; "
+                         "give the served model's tokenizer directory")
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"[policy] tokenizer {spec!r}: no tokenizer could be loaded "
+                         f"({e})") from e
+
+
+Update = Callable[[list[Trajectory], int], UpdateStats]
+"""Rewards -> advantages -> update epochs for one step's trajectories (runs in a worker
+thread); `make_update` picks the algorithm's once, when the trainer is built."""
+
+
+def make_update(config: TrainConfig, model: Any, opt: torch.optim.Optimizer, *,
+                head: ValueHead | None, ref: Any, pad_id: int,
+                device: torch.device) -> Update:
+    """The update function of `[grpo] algorithm` (no algorithm test inside the loop)."""
+    g = config.grpo
+    temperature = config.rollout.temperature
+    max_tokens = config.rollout.max_turns * config.rollout.max_new_tokens
+
+    if g.algorithm is Algorithm.PPO:
+        assert head is not None
+        critic = head
+
+        def ppo_update(trajs: list[Trajectory], step: int) -> UpdateStats:
+            # per-token GAE advantages from the value head, inside ppo_step
+            _, valid = rewards_tensor([t.reward for t in trajs])
+            return ppo_step(model, critic, opt, trajs, valid, g, ref=ref,
+                            temperature=temperature, max_tokens=max_tokens, pad_id=pad_id,
+                            device=device)
+        return ppo_update
+
+    # self-imitation (`[grpo] replay`): judge-passed answers of earlier steps
+    replay = SuccessReplay(g.replay_capacity, seed=config.run.seed) if g.replay else None
+
+    def grpo_update(trajs: list[Trajectory], step: int) -> UpdateStats:
+        values, valid = rewards_tensor([t.reward for t in trajs])
+        # (G, K): a task's K samples side by side
+        adv = group_advantages(values.view(-1, g.group_size),
+                               valid.view(-1, g.group_size), g.advantage).view(-1)
+        upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
+                          temperature=temperature, max_tokens=max_tokens, pad_id=pad_id,
+                          device=device,
+                          replay=replay.sample(g.replay, step) if replay else None)
+        if replay is not None:
+            replay.add(trajs)  # after: a step replays only earlier steps' answers
+        return upd
+    return grpo_update
+
+
 # --------------------------------------------------------------------------- the loop
 
 async def train(config: TrainConfig, pool: CellPool | None = None,
@@ -175,7 +349,17 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     t_start = time.monotonic()
     run, g = config.run, config.grpo
 
-    # ---- setup -----------------------------------------------------------------------
+    # ---- setup (every check before anything is written) -------------------------------
+    sets = run_task_sets(config)
+    evals = sets.eval_tasks(config.eval.split, config.eval.tasks,
+                            trained_on(config, sets)) if config.eval.tasks else None
+    if evals is not None and not evals.tasks:
+        raise UsageError(f"[eval] the {config.eval.split.value} split has no task left to "
+                         f"measure ({evals.note}); give more tasks in that split")
+    if config.policy.kind is PolicyKind.OPENAI:
+        assert evals is not None  # TrainConfig requires [eval] tasks for a served model
+        return await evaluate_served(config, evals, pool, say, t_start)
+    check_fits(config, sets, evals)
     device = resolve_device(run.device)
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -202,10 +386,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     try:
         # ---- supervised warm start (fresh runs only) -----------------------------------
         if not run.resume and config.sft.steps:
-            pairs = demo_tasks.sft_pairs(demo_tasks.make_tasks(
-                demo_tasks.Split.TRAIN, max(2000, config.sft.steps * config.sft.batch_size
-                                            // 4), seed=run.seed + 7), seed=run.seed,
-                retry_share=config.sft.retry_share, teacher_error=config.sft.teacher_error)
+            pairs = sft_data(config, sets)
             stats = sft(model, tok, pairs, config.sft, device=device, progress=lambda s, loss:
                         say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
                         if s % 10 == 0 or s == config.sft.steps else None)
@@ -239,16 +420,17 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             opt.load_state_dict(torch.load(os.path.join(ckpt.path, "optimizer.pt"),
                                            map_location="cpu"))
 
-        if not run.resume and config.eval.tasks:
-            before = await evaluate_pass1(policy, config, pool)
+        if not run.resume and evals is not None:
+            before = await evaluate_pass1(policy, config, pool, evals)
             state["pass_before"] = before["pass1"]
+            state["eval_before"] = before
             log.write("eval", 0, {"when": 0, **before})
             say("eval", {"when": "before", **before})
         result.pass_before = state["pass_before"]
+        result.eval_before = state.get("eval_before")
 
         # ---- GRPO ---------------------------------------------------------------------
         run_id = os.path.basename(os.path.normpath(run.out_dir))
-        max_tokens = config.rollout.max_turns * config.rollout.max_new_tokens
         agent = agent_config(config)
         clock = ModelClock()  # when the model works; the rest of the time it waits
         asynchronous = config.rollout.mode is RolloutMode.ASYNC
@@ -266,7 +448,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             its weights taken now (async; `version` is what the trainer published)."""
             def sample_with(sampler: HFPolicy) -> Awaitable[RolloutBatch]:
                 return rollout(TimedPolicy(sampler, clock, model_slots.lane(step)),
-                               train_tasks(config, step),
+                               sets.train_step(step),
                                group_size=g.group_size, pool=pool, config=agent,
                                env_slots=env_slots.lane(step))
             if copies is None:
@@ -274,26 +456,9 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             return copies.run_on_snapshot(model, lambda weights: sample_with(
                 HFPolicy(weights, tok, seed=run.seed * 1_000_003 + step)))
 
-        # self-imitation (`[grpo] replay`): judge-passed answers of earlier steps
-        replay = SuccessReplay(g.replay_capacity, seed=run.seed) if g.replay else None
-
-        def update(trajs: list[Trajectory], step: int) -> UpdateStats:
-            """Rewards -> advantages -> update epochs (runs in a worker thread)."""
-            values, valid = rewards_tensor([t.reward for t in trajs])
-            if head is not None:  # PPO: per-token GAE advantages, inside ppo_step
-                return ppo_step(model, head, opt, trajs, valid, g, ref=ref,
-                                temperature=config.rollout.temperature,
-                                max_tokens=max_tokens, pad_id=tok.pad_id, device=device)
-            # (G, K): a task's K samples side by side
-            adv = group_advantages(values.view(-1, g.group_size),
-                                   valid.view(-1, g.group_size), g.advantage).view(-1)
-            upd = policy_step(model, opt, trajs, adv, valid, g, ref=ref,
-                              temperature=config.rollout.temperature,
-                              max_tokens=max_tokens, pad_id=tok.pad_id, device=device,
-                              replay=replay.sample(g.replay, step) if replay else None)
-            if replay is not None:
-                replay.add(trajs)  # after: a step replays only earlier steps' answers
-            return upd
+        # the update, chosen once: GRPO (group advantages) or PPO (value head + GAE)
+        update = make_update(config, model, opt, head=head, ref=ref, pad_id=tok.pad_id,
+                             device=device)
 
         batches: Batches = AsyncBatches(
             launch, first=state["step"], steps=g.steps,
@@ -364,9 +529,13 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
         # ---- the end: held-out pass@1 again, the final model ---------------------------
         result.steps_done = state["step"]
-        if config.eval.tasks:
-            after = await evaluate_pass1(policy, config, pool)
+        if evals is not None:
+            after = await evaluate_pass1(policy, config, pool, evals)
             result.pass_after = after["pass1"]
+            result.eval_after = after
+            if result.eval_before is not None:
+                result.rise = rise_ci(result.eval_before, after)
+                after = {**after, "rise_ci95": list(result.rise)}
             log.write("eval", state["step"], {"when": state["step"], **after})
             say("eval", {"when": "after", **after})
         save_model(model, tok, os.path.join(run.out_dir, "final"))

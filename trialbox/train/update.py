@@ -1,7 +1,8 @@
 """One policy-gradient update on a round's trajectories: the right-padded batch, the
-log-probs of the tokens under the current weights, the clipped surrogate (+ KL),
-gradient accumulation over micro-batches and the NaN guard. PPO's update
-(`ppo.ppo_step`) reuses the same pieces.
+log-probs of the tokens under the current weights, the clipped surrogate (+ KL), and
+`micro_batch_epochs`, the one driver of every update: epochs of gradient accumulation
+over micro-batches, the NaN guard, clipping and the optimizer step. GRPO's update
+(`policy_step`) and PPO's (`ppo.ppo_step`) differ only in the loss of one micro-batch.
 
 The importance ratio is exp(logp - logp_old) with `logp_old` the log-probs the
 trajectory recorded when its tokens were sampled (`Trajectory.old_logprobs`), never a
@@ -12,8 +13,9 @@ how far a stale sample can push the weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
@@ -95,16 +97,83 @@ def clip_and_step(opt: torch.optim.Optimizer, params: Any, g: GRPOConfig,
     return True
 
 
+@dataclass
+class MicroLoss:
+    """One micro-batch's contribution to an update."""
+
+    loss: torch.Tensor
+    """The micro-batch's loss, aggregated over its own tokens (a scalar)."""
+    weight: torch.Tensor | float
+    """Its share of the round (`losses.aggregate_weight`): the accumulated gradient then
+    equals the whole round's in one batch."""
+    logs: dict[str, float] = field(default_factory=dict)
+    """Figures averaged over the micro-batches into UpdateStats (kl, clip_frac, …)."""
+
+
+Part = TypeVar("Part")
+
+
+def micro_batch_epochs(opt: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter],
+                       g: GRPOConfig, parts: Sequence[Part],
+                       micro: Callable[[Part], MicroLoss], stats: UpdateStats, *,
+                       before_epoch: Callable[[], bool] | None = None) -> \
+        dict[str, list[float]] | None:
+    """`g.epochs` optimizer steps, each accumulating `micro(part)`'s weighted loss over
+    every part; clipped to `g.max_grad_norm`. `before_epoch` adds gradients of its own
+    first (replay) and returns False when they are not finite. A non-finite loss or
+    gradient norm drops the epoch's gradients, sets `stats.skipped` and returns None
+    (that epoch and any later one apply nothing). Returns each log's values, one per
+    micro-batch and epoch ("loss" included)."""
+    logs: dict[str, list[float]] = {"loss": []}
+    for _ in range(g.epochs):
+        opt.zero_grad(set_to_none=True)
+        if before_epoch is not None and not before_epoch():
+            opt.zero_grad(set_to_none=True)
+            stats.skipped = True
+            return None
+        for part in parts:
+            m = micro(part)
+            if not is_finite(m.loss):
+                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
+                stats.skipped = True
+                return None
+            (m.loss * m.weight).backward()  # type: ignore[no-untyped-call]
+            logs["loss"].append(float(m.loss.detach()))
+            for key, value in m.logs.items():
+                logs.setdefault(key, []).append(value)
+        if not clip_and_step(opt, params, g, stats):
+            return None
+    return logs
+
+
+def mean_of(logs: dict[str, list[float]], key: str) -> float:
+    values = logs.get(key, [])
+    return sum(values) / len(values) if values else 0.0
+
+
+def kl_term(model_logp: torch.Tensor, ref: Any, ids: torch.Tensor, attn: torch.Tensor,
+            mask: torch.Tensor, g: GRPOConfig, temperature: float,
+            logs: dict[str, float]) -> torch.Tensor | None:
+    """`g.kl_coef` x the k3 KL to the frozen `ref` per token (b, T), its aggregate in
+    `logs["kl"]`; None without a reference."""
+    if ref is None or g.kl_coef <= 0:
+        return None
+    with torch.no_grad():
+        logp_ref = token_logprobs(ref, ids, attn, temperature)
+    kl = kl_k3(model_logp, logp_ref)                                            # (b, T)
+    logs["kl"] = float(aggregate(kl.detach(), mask, g.aggregation))
+    return g.kl_coef * kl
+
+
 def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
                 adv: torch.Tensor, valid: torch.Tensor, g: GRPOConfig, *,
                 ref: Any = None, temperature: float = 1.0, max_tokens: int | None = None,
                 pad_id: int = 0, device: torch.device | None = None,
                 replay: list[Trajectory] | None = None) -> UpdateStats:
-    """`g.epochs` optimizer steps on one round's trajectories: the clipped surrogate
-    (plus `g.kl_coef` x k3 KL to `ref`), aggregated as `g.aggregation`, gradients
-    accumulated over micro-batches of `g.micro_batch` so the result equals one big
-    batch. A non-finite loss or gradient norm skips the step: its gradients are dropped
-    and that epoch (and any later one) applies nothing.
+    """GRPO's update: `g.epochs` optimizer steps on one round's trajectories with the
+    clipped surrogate (plus `g.kl_coef` x k3 KL to `ref`), aggregated as
+    `g.aggregation`, through `micro_batch_epochs` (so the result equals one big batch;
+    a non-finite loss skips the step).
     `adv` (B,), `valid` (B,): excluded samples (reward None) are not trained on.
     `replay`: judge-passed answers of earlier steps; `g.replay_coef` x their mean NLL
     per output token is added to the loss (self-imitation, `replay.py`)."""
@@ -119,43 +188,31 @@ def policy_step(model: Any, opt: torch.optim.Optimizer, trajs: list[Trajectory],
     model.train()
     full_mask = batch_of([trajs[i] for i in keep], pad_id, device)["mask"] if keep \
         else torch.zeros(0)
-    losses: list[float] = []
-    kls: list[float] = []
-    clipped: list[float] = []
     nlls: list[float] = []
-    for _ in range(g.epochs):
-        opt.zero_grad(set_to_none=True)
-        if replay and not imitate(model, replay, g, nlls, temperature=temperature,
-                                  pad_id=pad_id, device=device):
-            stats.skipped = True
-            return stats
-        for lo in range(0, len(keep), g.micro_batch):
-            part = keep[lo:lo + g.micro_batch]
-            mb = batch_of([trajs[i] for i in part], pad_id, device)
-            a = adv[part].to(device)[:, None]                                   # (b, 1)
-            logp = token_logprobs(model, mb["ids"], mb["attn"], temperature)    # (b, T)
-            per_tok = clipped_pg_loss(logp, mb["logp_old"], a, g.clip_eps_low,
-                                      g.clip_eps_high)                          # (b, T)
-            if ref is not None and g.kl_coef > 0:
-                with torch.no_grad():
-                    logp_ref = token_logprobs(ref, mb["ids"], mb["attn"], temperature)
-                kl = kl_k3(logp, logp_ref)
-                per_tok = per_tok + g.kl_coef * kl
-                kls.append(float(aggregate(kl.detach(), mb["mask"], g.aggregation)))
-            loss = aggregate(per_tok, mb["mask"], g.aggregation, max_tokens=max_tokens)
-            if not is_finite(loss):
-                opt.zero_grad(set_to_none=True)  # skipped: nothing is applied
-                stats.skipped = True
-                return stats
-            w = aggregate_weight(mb["mask"], full_mask, g.aggregation)
-            (loss * w).backward()  # type: ignore[no-untyped-call]
-            losses.append(float(loss.detach()))
-            clipped.append(clip_fraction(logp, mb["logp_old"], mb["mask"], g))
-        if not clip_and_step(opt, model.parameters(), g, stats):
-            return stats
-    stats.loss = sum(losses) / len(losses) if losses else 0.0
-    stats.kl = sum(kls) / len(kls) if kls else 0.0
-    stats.clip_frac = sum(clipped) / len(clipped) if clipped else 0.0
+
+    def micro(part: list[int]) -> MicroLoss:
+        mb = batch_of([trajs[i] for i in part], pad_id, device)
+        a = adv[part].to(device)[:, None]                                       # (b, 1)
+        logp = token_logprobs(model, mb["ids"], mb["attn"], temperature)        # (b, T)
+        per_tok = clipped_pg_loss(logp, mb["logp_old"], a, g.clip_eps_low,
+                                  g.clip_eps_high)                              # (b, T)
+        logs = {"clip_frac": clip_fraction(logp, mb["logp_old"], mb["mask"], g)}
+        kl = kl_term(logp, ref, mb["ids"], mb["attn"], mb["mask"], g, temperature, logs)
+        if kl is not None:
+            per_tok = per_tok + kl
+        return MicroLoss(aggregate(per_tok, mb["mask"], g.aggregation, max_tokens=max_tokens),
+                         aggregate_weight(mb["mask"], full_mask, g.aggregation), logs)
+
+    parts = [keep[lo:lo + g.micro_batch] for lo in range(0, len(keep), g.micro_batch)]
+    logs = micro_batch_epochs(
+        opt, list(model.parameters()), g, parts, micro, stats,
+        before_epoch=(lambda: imitate(model, replay, g, nlls, temperature=temperature,
+                                      pad_id=pad_id, device=device)) if replay else None)
+    if logs is None:
+        return stats
+    stats.loss = mean_of(logs, "loss")
+    stats.kl = mean_of(logs, "kl")
+    stats.clip_frac = mean_of(logs, "clip_frac")
     stats.replay_nll = nlls[0] if nlls else 0.0
     return stats
 
