@@ -14,7 +14,9 @@ def test_training_demo_smoke_run(tmp_path):
                         "3", "--out", str(out), "--json", str(tmp_path / "r.json")],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "held-out pass@1 before" in p.stdout and "held-out pass@1 after" in p.stdout
+    assert "test pass@1 before" in p.stdout and "test pass@1 after" in p.stdout
+    assert "[95% CI " in p.stdout and "(paired over the same tasks)" in p.stdout
+    assert "removed from the test split:" in p.stdout  # the overlap, beside the figure
     assert "GRPO step   2/2" in p.stdout and "episodes/s" in p.stdout
     assert "generation" in p.stdout and "sandboxes" in p.stdout
     assert "by template (passed/graded" in p.stdout
@@ -28,6 +30,9 @@ def test_training_demo_smoke_run(tmp_path):
     result = json.loads((tmp_path / "r.json").read_text())["runs"][0]
     assert result["seed"] == 3 and result["steps"] == 2
     assert 0.0 <= result["pass_before"] <= 1.0 and 0.0 <= result["pass_after"] <= 1.0
+    assert result["split"] == "test" and result["eval_tasks"] == 8
+    lo, hi = result["ci95_after"]
+    assert lo <= result["pass_after"] <= hi and len(result["rise_ci95"]) == 2
 
 
 def test_sandbox_showcase_runs_clean():
