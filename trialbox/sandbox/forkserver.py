@@ -1,0 +1,351 @@
+"""The fork server that runs as process 1 inside a gvisor or container session (oci.py).
+
+Standalone: it runs under the sandbox's own /usr/bin/python3 (`-I -B`), imports nothing
+of trialbox and is copied into the session's bundle, so the candidate learns nothing of
+the host. One session = one long-lived container whose init is this program; each run
+is one fork of it, made ahead of the run (`Waiting`), so a warm run costs an exec (or, for
+Python, nothing: the child runs the code in this already started interpreter), not a
+container start.
+
+Protocol (frames: 1 tag byte, u32 little-endian length, payload):
+
+    supervisor -> server   R json(spec)     start a run (stdin follows as one I frame)
+                           I bytes          the run's whole stdin
+                           K                kill the run in flight (every process)
+    server -> supervisor   H                hello: ready for runs
+                           S                the program is about to exec
+                           O bytes / E bytes   a chunk of its stdout / stderr
+                           X json           the run is over: {"status": wait status} or
+                                            {"error": text} (the machinery failed)
+
+A run ends when its first process exits (or a K comes): then every other process in the
+sandbox is killed (`kill(-1, SIGKILL)` from process 1 spares only process 1), all are
+reaped, the pipes are drained to EOF, and X is sent. Nothing outlives a run.
+
+The supervisor counts output and time from outside and sends K; this program never
+decides a limit was reached.
+"""
+
+import json
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+
+HEADER = struct.Struct("<cI")
+RLIMITS = {"RLIMIT_CPU": resource.RLIMIT_CPU, "RLIMIT_FSIZE": resource.RLIMIT_FSIZE,
+           "RLIMIT_CORE": resource.RLIMIT_CORE, "RLIMIT_NOFILE": resource.RLIMIT_NOFILE,
+           "RLIMIT_NPROC": resource.RLIMIT_NPROC, "RLIMIT_AS": resource.RLIMIT_AS}
+
+IN, OUT = 0, 1
+
+
+def send(tag, data=b""):
+    msg = HEADER.pack(tag, len(data)) + data
+    view = memoryview(msg)
+    while view:
+        n = os.write(OUT, view)
+        view = view[n:]
+
+
+def read_exact(n):
+    chunks = []
+    while n:
+        b = os.read(IN, min(n, 1 << 20))
+        if not b:
+            raise EOFError
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def read_frame():
+    tag, n = HEADER.unpack(read_exact(HEADER.size))
+    return tag, read_exact(n) if n else b""
+
+
+def child(spec, stdin, out_w, err_w):
+    """In the forked child: wire stdio, drop to the run's uid with its limits, run."""
+    try:
+        os.setsid()
+        stdin_fd = os.memfd_create("stdin", 0)
+        view = memoryview(stdin)
+        while view:
+            view = view[os.write(stdin_fd, view):]
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for name, (soft, hard) in spec["rlimits"].items():
+            resource.setrlimit(RLIMITS[name], (soft, hard))
+        os.setgroups([])
+        os.setgid(spec["gid"])
+        os.setuid(spec["uid"])
+        os.chdir(spec["cwd"])
+        os.closerange(3, 1 << 16)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        load_seccomp()
+        if spec["mode"] == "python":
+            os.environ.clear()
+            os.environ.update(spec["env"])
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            run_python(spec["argv"])
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+        os.execve(spec["path"], spec["argv"], spec["env"])
+    except OSError as e:
+        os.write(2, ("trialbox: cannot run %s: %s\n" % (spec["argv"][0], e.strerror))
+                 .encode())
+        os._exit(127)
+    except BaseException as e:
+        os.write(2, ("trialbox: cannot run %s: %r\n" % (spec["argv"][0], e)).encode())
+        os._exit(127)
+    os._exit(127)
+
+
+def run_python(argv):
+    """Run a script as `python3 SCRIPT ARGS...` (or `-c CODE`) would, in this warm
+    interpreter (the namespace tier's zygote does the same: zygote.run_python)."""
+    import builtins
+    import types
+    if argv[1] == "-c":
+        source, filename, sys.argv = argv[2], "<string>", ["-c"] + argv[3:]
+        path0 = ""
+    else:
+        filename = argv[1]
+        sys.argv = argv[1:]
+        path0 = os.path.dirname(os.path.abspath(filename))
+        try:
+            with open(filename, "rb") as f:
+                source = f.read()
+        except OSError as e:
+            sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n"
+                             % (argv[0], filename, e.errno, e.strerror))
+            sys.stderr.flush()
+            os._exit(2)
+    sys.path.insert(0, path0)
+    sys.orig_argv = list(argv)
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__builtins__": builtins, "__file__": filename,
+                          "__cached__": None})
+    if filename == "<string>":
+        del main.__file__
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        exec(compile(source, filename, "exec"), main.__dict__)
+    except SystemExit as e:
+        code = exit_code_of(e)
+    except BaseException as e:
+        tb = e.__traceback__.tb_next if e.__traceback__ else None
+        e.__traceback__ = tb
+        sys.excepthook(type(e), e, tb)
+        code = 1
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:
+            threading._shutdown()
+        import atexit
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        code = exit_code_of(e)
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            code = 120 if code == 0 else code
+    os._exit(code)
+
+
+def exit_code_of(e):
+    c = e.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return c & 0xFF
+    try:
+        sys.stderr.write(str(c) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+class Waiting:
+    """A child forked ahead of its run (a fork of this interpreter costs ~40 ms in
+    gVisor): it blocks on a pipe until the run's spec and stdin arrive."""
+
+    def __init__(self):
+        spec_r, self.spec_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            signal.set_wakeup_fd(-1)
+            for fd in (self.spec_w, self.out_r, self.err_r, WAKE[0], WAKE[1]):
+                os.close(fd)
+            chunks = []
+            while True:
+                b = os.read(spec_r, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+            data = b"".join(chunks)
+            if not data:
+                os._exit(0)
+            (n,) = struct.unpack_from("<I", data)
+            child(json.loads(data[4:4 + n]), data[4 + n:], out_w, err_w)
+        for fd in (spec_r, out_w, err_w):
+            os.close(fd)
+
+    def go(self, spec_bytes, stdin):
+        data = struct.pack("<I", len(spec_bytes)) + spec_bytes + stdin
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.spec_w, view):]
+        finally:
+            os.close(self.spec_w)
+
+
+SECCOMP_PATH = "/.tb/seccomp.bpf"
+FILTER = None
+
+
+def load_seccomp():
+    """no_new_privs, then the namespace tier's deny-list (seccomp.py), as in its cells."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if not FILTER:
+        raise OSError(2, "no seccomp filter at " + SECCOMP_PATH)
+    if True:
+        class Prog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+        prog = Prog(len(FILTER) // 8, FILTER)
+        if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def kill_all():
+    """Kill every process but this one, then reap them all."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    reap(block=True)
+
+
+def reap(block=False):
+    """Reap exited children (orphans of the run come to us: we are process 1)."""
+    reaped = {}
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return reaped
+        reaped[pid] = status
+
+
+def run(waiting, spec_bytes, stdin):
+    send(b"S")
+    waiting.go(spec_bytes, stdin)
+    pid = waiting.pid
+    status = None
+    readers = {waiting.out_r: b"O", waiting.err_r: b"E"}
+    wake_r = WAKE[0]
+    while readers or status is None:
+        fds = list(readers) + [IN, wake_r]
+        ready, _, _ = select.select(fds, [], [])
+        for fd in ready:
+            if fd == wake_r:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                if status is None:
+                    got = reap()
+                    if pid in got:
+                        status = got[pid]
+                        kill_all()  # the run is over: nothing of it survives
+            elif fd == IN:
+                tag, _ = read_frame()
+                if tag == b"K" and status is None:
+                    kill_all()
+                    status = -1  # killed on request; the supervisor knows why
+            else:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if data:
+                    send(readers[fd], data)
+                else:
+                    os.close(fd)
+                    del readers[fd]
+    reap()
+    send(b"X", json.dumps({"status": status}).encode())
+
+
+WAKE = os.pipe()
+
+
+def main():
+    global FILTER
+    try:
+        with open(SECCOMP_PATH, "rb") as f:
+            FILTER = f.read()
+    except OSError:
+        FILTER = None
+    import ctypes  # noqa: F401 - loaded once here, not in every child
+    for fd in WAKE:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(WAKE[1])
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)  # only the supervisor ends a session
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    waiting = Waiting()
+    send(b"H")
+    while True:
+        try:
+            tag, payload = read_frame()
+        except EOFError:
+            kill_all()
+            return
+        if tag == b"R":
+            itag, stdin = read_frame()
+            if itag != b"I":
+                send(b"X", json.dumps({"error": "protocol: I frame expected"}).encode())
+                continue
+            try:
+                run(waiting, payload, stdin)
+            except OSError as e:
+                kill_all()
+                send(b"X", json.dumps({"error": "fork server: %s" % e}).encode())
+            waiting = Waiting()  # the next run's child, forked while nobody waits
+        # K between runs: nothing to kill
+
+
+PRELOAD = ("traceback", "linecache", "collections", "functools", "itertools", "math", "re",
+           "typing", "heapq", "bisect", "string", "dataclasses", "fractions", "decimal",
+           "base64", "json", "types", "atexit")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
