@@ -5,6 +5,8 @@
     trialbox train CONFIG.toml                 SFT warm start + GRPO over judged episodes
     trialbox exec --json --file prog.py        run a program in a sandbox, print the result
     trialbox exec --json -- gcc --version      …or any command
+    trialbox exec --tier gvisor -- python3 -V  …in another isolation tier (gvisor, container)
+    trialbox doctor [--json] [--probe-kvm]     which isolation tiers this node can run, and why not
     trialbox eval --tasks humaneval --samples S.jsonl --out graded.jsonl
     trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
@@ -76,9 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
     p.add_argument("--file", help="program file to run (language from its extension)")
     p.add_argument("--language", help="language of --file: python, bash, sh, c, cpp")
-    p.add_argument("--tier", default="namespace", help="isolation tier (default namespace)")
+    p.add_argument("--tier", default="namespace",
+                   help="isolation tier: namespace (default), gvisor, container")
     _add_limits(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run instead")
+
+    d = sub.add_parser("doctor", help="which isolation tiers this node can run, and why not",
+                       description="Probe every isolation tier with a real sandbox run and "
+                       "report kernel, cgroups, seccomp, each tier's verdict and, for what "
+                       "is missing, the command that installs it. Exit status 0 when at "
+                       "least one tier works.")
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    d.add_argument("--probe-kvm", action="store_true",
+                   help="also probe gVisor's kvm platform (5 s timeout; hangs on some hosts)")
 
     b = sub.add_parser("bench", help="benchmarks (make bench)")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -173,6 +185,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.handler(args))
         if args.command == "exec":
             return asyncio.run(_exec(args))
+        if args.command == "doctor":
+            from trialbox.sandbox.doctor import diagnose, format_report
+            report = asyncio.run(diagnose(probe_kvm=args.probe_kvm))
+            print(json.dumps(report.to_json(), indent=2) if args.json
+                  else format_report(report))
+            return 0 if report.available else 1
         if args.command == "bench" and args.bench == "rollout":
             from trialbox.bench.rollout import main as bench_rollout_main
             return bench_rollout_main(args)

@@ -7,8 +7,11 @@
         await sb.write_file("a.txt", b"kept across runs")
         r1 = await sb.exec(["cat", "a.txt"])
 
-Tiers: `namespace` (the embedded default; see namespace.py, pool.py, zygote.py). The
-interface lives in base.py; `FakeSandbox` (fake.py) stands in for it in upper layers'
+Tiers: `namespace` (the embedded default; see namespace.py, pool.py, zygote.py), `gvisor`
+(gVisor's user-space kernel, gvisor.py) and `container` (runc/crun, container.py), the
+last two over OCI bundles (oci.py); `trialbox doctor` says which this node can run
+(doctor.py). A tier the node lacks is an error, never a fallback. The interface lives in
+base.py; `FakeSandbox` (fake.py) stands in for it in upper layers'
 tests.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.sandbox.base import Sandbox
@@ -27,11 +31,34 @@ from trialbox.types import ExecResult, ExecStatus, Limits
 
 __all__ = ["Sandbox", "NamespaceSandbox", "CellPool", "PoolConfig", "Limits", "ExecResult",
            "ExecStatus", "LANGUAGES", "language", "run_code", "open_sandbox", "run",
-           "default_pool", "TIERS"]
+           "default_pool", "default_provider", "TIERS"]
 
-TIERS = ("namespace",)
+TIERS = ("namespace", "gvisor", "container")
 
 _pools: dict[asyncio.AbstractEventLoop, CellPool] = {}
+_providers: dict[tuple[asyncio.AbstractEventLoop, str], Any] = {}
+
+
+async def default_provider(tier: str) -> Any:
+    """The process's `gvisor` or `container` provider for the running event loop, started
+    on first use. Raises SandboxUnavailable naming what the node lacks (never a fallback
+    to another tier)."""
+    loop = asyncio.get_running_loop()
+    for (other, name), old in list(_providers.items()):
+        if other.is_closed():
+            old.close_sync()
+            del _providers[(other, name)]
+    provider = _providers.get((loop, tier))
+    if provider is None or provider.closed:
+        if tier == "gvisor":
+            from trialbox.sandbox.gvisor import GVisorProvider
+            provider = GVisorProvider()
+        else:
+            from trialbox.sandbox.container import ContainerProvider
+            provider = ContainerProvider()
+        await provider.start()
+        _providers[(loop, tier)] = provider
+    return provider
 
 
 async def default_pool(config: PoolConfig | None = None) -> CellPool:
@@ -55,6 +82,9 @@ def _close_pools() -> None:
     for pool in _pools.values():
         pool.close_sync()
     _pools.clear()
+    for provider in _providers.values():
+        provider.close_sync()
+    _providers.clear()
 
 
 async def open_sandbox(tier: str = "namespace", limits: Limits | None = None,
@@ -64,6 +94,11 @@ async def open_sandbox(tier: str = "namespace", limits: Limits | None = None,
         raise UsageError(f"unknown sandbox tier {tier!r}; available: {', '.join(TIERS)}")
     if limits is not None and not isinstance(limits, Limits):
         raise UsageError(f"limits must be a trialbox.types.Limits, got {type(limits).__name__}")
+    if tier != "namespace":
+        if pool is not None:
+            raise UsageError(f"pool= is the namespace tier's; the {tier} tier takes none")
+        provider = await default_provider(tier)
+        return await provider.open(limits)  # type: ignore[no-any-return]
     return await NamespaceSandbox.open(pool or await default_pool(), limits)
 
 

@@ -506,6 +506,19 @@ class OciProvider:
         if self.loop is not None:
             await self.loop.run_in_executor(None, self._remove_state)
 
+    def close_sync(self) -> None:
+        """`close` without an event loop (interpreter exit): every container, cgroup,
+        mount and directory of this provider goes."""
+        if self.closed:
+            return
+        self.closed = True
+        for sb in self._ready:
+            sb.closed = True
+            sb._teardown(sb.container)
+        self._ready.clear()
+        if self.started:
+            self._remove_state()
+
     def _remove_state(self) -> None:
         for cid in self.list_containers():
             self.delete_container(cid)
