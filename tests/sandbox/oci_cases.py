@@ -1,0 +1,317 @@
+"""Cases every OCI-bundle tier (gvisor, container) must pass, on real runtimes.
+
+test_gvisor.py and test_container.py import these with their own `oci` fixture (an
+`OciHarness`: one event loop, one started provider). The hostile cases reuse
+test_hostile.py's programs and expectations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.sandbox.conftest import CANDIDATE_STATUSES, FAST, describe
+from tests.sandbox.test_hostile import PRIVILEGED, PROJECT, RESOURCE_ATTACKS
+from trialbox.sandbox import run_code
+from trialbox.sandbox.oci import OciProvider
+from trialbox.types import ExecResult, ExecStatus, Limits
+
+T = TypeVar("T")
+
+STATUS_OVERRIDES = {("gvisor", "fork-bomb-python"): ExecStatus.MEMORY}
+"""Where a tier's true outcome differs from the namespace tier's. Under gVisor (ptrace)
+each sandboxed process costs the host real memory beyond its own pages (a stub process,
+its page tables, the Sentry's task state: ~6-8 MiB here), all charged to the session's
+cgroup; 31 forked interpreters pass 128 MiB before the run's wall time ends. The process
+limit still holds (test_fork_bomb_hits_the_process_limit)."""
+
+
+class OciHarness:
+    def __init__(self, provider: OciProvider) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.provider = provider
+        self.run(provider.start())
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+    def close(self) -> None:
+        self.run(self.provider.close())
+        self.loop.close()
+
+    def one(self, code: str, lang: str = "python", stdin: bytes = b"",
+            **changes: Any) -> ExecResult:
+        async def body() -> ExecResult:
+            async with await self.provider.open(FAST.with_(**changes)) as sb:
+                return await run_code(sb, code, lang, stdin=stdin)
+        return self.run(body())
+
+    def leaks(self) -> list[str]:
+        """Containers, cgroups, mounts and sandbox processes of this provider beyond its
+        warm sessions."""
+        p = self.provider
+        ready = {sb.container.cid for sb in p._ready if sb.container is not None}
+        out = [f"container {c}" for c in p.list_containers() if c not in ready]
+        warm = {sb.sid for sb in p._ready}
+        for top in p.cgroups.dirs(f"trialbox-oci/{p.id}"):
+            if os.path.isdir(top):
+                out += [f"cgroup {top}/{c}" for c in os.listdir(top)
+                        if os.path.isdir(os.path.join(top, c)) and c not in warm]
+        from trialbox.sandbox.mounts import mounts_under
+        out += [f"mount {m}" for m in mounts_under(os.path.join(p.dir, "s"))
+                if m.split("/s/")[-1].split("/")[0] not in warm]
+        return out
+
+    def assert_no_leaks(self, timeout: float = 5.0) -> None:
+        async def settle() -> None:
+            await self.provider.settle()
+        self.run(settle())
+        deadline = time.monotonic() + timeout
+        while (left := self.leaks()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, left
+
+
+# ------------------------------------------------------------------ basics
+
+def test_program_output_and_exit_code(oci: OciHarness) -> None:
+    r = oci.one("import sys\nprint(input()[::-1])\nsys.exit(3)", stdin=b"hello\n")
+    assert (r.status, r.exit_code, r.stdout) == (ExecStatus.EXIT, 3, b"olleh\n"), describe(r)
+    assert r.tier == oci.provider.tier and r.runtime == oci.provider.runtime.id
+    r = oci.one("echo out; echo err >&2; exit 0", "bash")
+    assert (r.status, r.stdout, r.stderr) == (ExecStatus.OK, b"out\n", b"err\n"), describe(r)
+
+
+def test_session_files_persist_across_runs(oci: OciHarness) -> None:
+    async def body() -> tuple[ExecResult, ExecResult, bytes, list[str]]:
+        async with await oci.provider.open(FAST) as sb:
+            await sb.write_file("in/data.txt", b"42")
+            r1 = await sb.exec(["/bin/bash", "-c", "cat in/data.txt > out.txt; echo x >> out.txt"])
+            r2 = await sb.exec(["python3", "-c", "print(open('out.txt').read().split())"],
+                               env={"A": "1"}, cwd="/workspace/in")
+            return r1, r2, await sb.read_file("out.txt"), await sb.list_files()
+    r1, r2, data, files = oci.run(body())
+    assert r1.status is ExecStatus.OK, describe(r1)
+    assert r2.status is ExecStatus.EXIT, describe(r2)  # cwd in/: out.txt is not there
+    assert data == b"42x\n" and files == ["in/data.txt", "out.txt"]
+    oci.assert_no_leaks()
+
+
+# ------------------------------------------------------------------ limits
+
+@pytest.mark.parametrize("lang, code, changes, want, max_s",
+                         [a[1:] for a in RESOURCE_ATTACKS], ids=[a[0] for a in RESOURCE_ATTACKS])
+def test_resource_attack_contained(oci: OciHarness, lang: str, code: str,
+                                   changes: dict[str, Any], want: ExecStatus,
+                                   max_s: float, request: pytest.FixtureRequest) -> None:
+    want = STATUS_OVERRIDES.get((oci.provider.tier, request.node.callspec.id), want)
+    t = time.monotonic()
+    r = oci.one(code, lang, **changes)
+    elapsed = time.monotonic() - t
+    assert r.status in CANDIDATE_STATUSES, describe(r)
+    assert r.status is want, describe(r)
+    assert elapsed < max_s + 2.0, f"took {elapsed:.2f}s"  # + a cold start after a kill
+    if want is ExecStatus.OUTPUT:
+        assert r.truncated and len(r.stdout) == FAST.output_bytes
+    assert oci.one("print(sum(range(10)))").stdout == b"45\n"
+    oci.assert_no_leaks()
+
+
+def test_fork_bomb_hits_the_process_limit(oci: OciHarness) -> None:
+    code = ("import os, time\nsaid = False\nwhile True:\n    try:\n        os.fork()\n"
+            "    except OSError as e:\n        if not said:\n            said = True\n"
+            "            n = sum(1 for p in os.listdir('/proc') if p.isdigit())\n"
+            "            os.write(1, b'%d %d\\n' % (e.errno, n))\n        time.sleep(0.01)")
+    r = oci.one(code, wall_s=1.5, pids=16, memory_mb=512)  # gVisor: see STATUS_OVERRIDES
+    assert r.status is ExecStatus.TIMEOUT, describe(r)
+    pairs = list(zip(r.stdout.split()[::2], r.stdout.split()[1::2], strict=True))
+    assert pairs, describe(r)
+    assert all(int(e) == errno.EAGAIN for e, _ in pairs), pairs
+    assert max(int(n) for _, n in pairs) <= 16 + 2, pairs  # + the fork server
+
+
+# ------------------------------------------------------------------ network
+
+def test_network_off(oci: OciHarness) -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.setblocking(False)
+    port = srv.getsockname()[1]
+    code = textwrap.dedent(f"""
+        import socket
+        s = socket.socket()
+        s.settimeout(1)
+        try:
+            s.connect(("127.0.0.1", {port}))
+            print("connected")
+        except OSError as e:
+            print("refused", e.errno)
+        print(sorted(n for _, n in socket.if_nameindex()))
+    """)
+    try:
+        r = oci.one(code)
+        assert r.status is ExecStatus.OK, describe(r)
+        assert r.stdout.startswith(b"refused "), describe(r)
+        assert r.stdout.endswith(b"['lo']\n"), describe(r)
+        with pytest.raises(BlockingIOError):
+            srv.accept()
+    finally:
+        srv.close()
+
+
+# ------------------------------------------------------------------ hostile, core cases
+
+def test_privileged_syscalls_fail(oci: OciHarness) -> None:
+    code = f"""
+import ctypes, json
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {{}}
+for name, (nr, args) in {PRIVILEGED!r}.items():
+    ctypes.set_errno(0)
+    out[name] = (libc.syscall(nr, *args), ctypes.get_errno())
+print(json.dumps(out))
+"""
+    r = oci.one(code)
+    assert r.status is ExecStatus.OK, describe(r)
+    got = json.loads(r.stdout)
+    # Refused (EPERM from the seccomp deny-list; gVisor may not implement some at all).
+    bad = {k: v for k, v in got.items() if v[0] != -1 or v[1] not in (errno.EPERM,
+                                                                     errno.ENOSYS)}
+    assert not bad, f"not refused: {bad}"
+
+
+def test_host_files_and_project_not_visible(oci: OciHarness) -> None:
+    script = r"""
+for p in /etc/shadow /root /home PROJECT /run /var/log /dev/vda /dev/sda /dev/mem /etc/ssh; do
+    if [ -e "$p" ] || [ -L "$p" ]; then echo "VISIBLE $p"; fi
+done
+cat /proc/[0-9]*/cmdline /proc/self/mountinfo 2>/dev/null | tr '\0' ' '
+id -u
+"""
+    r = oci.one(script.replace("PROJECT", PROJECT.decode()), "bash")
+    assert r.status is ExecStatus.OK, describe(r)
+    assert b"VISIBLE" not in r.stdout, describe(r)
+    assert PROJECT not in r.stdout, describe(r)
+    assert r.stdout.endswith(b"\n1000\n"), describe(r)
+
+
+def test_writes_outside_workspace_fail(oci: OciHarness) -> None:
+    script = r"""
+for d in /usr /usr/bin /etc / /bin /lib /.tb /workspace /tmp /dev/shm; do
+    if (echo x > "$d/.tb_probe") 2>/dev/null; then echo "$d writable"; fi
+done
+"""
+    r = oci.one(script, "bash")
+    assert r.status is ExecStatus.OK, describe(r)
+    assert r.stdout == b"/workspace writable\n/tmp writable\n/dev/shm writable\n", describe(r)
+    assert not os.path.exists("/usr/.tb_probe")
+
+
+def test_daemon_dies_with_the_run(oci: OciHarness) -> None:
+    daemon = ("( trap '' HUP TERM; setsid bash -c 'trap \"\" HUP TERM; while :; do "
+              "echo . >> beat; sleep 0.05; done' & ) & sleep 0.3; echo started")
+
+    async def body() -> tuple[ExecResult, int, int]:
+        async with await oci.provider.open(FAST) as sb:
+            r = await sb.exec(["/bin/bash", "-c", daemon])
+            n1 = len(await sb.read_file("beat"))
+            await asyncio.sleep(0.3)
+            return r, n1, len(await sb.read_file("beat"))
+    r, n1, n2 = oci.run(body())
+    assert (r.status, r.stdout) == (ExecStatus.OK, b"started\n"), describe(r)
+    assert n1 > 0 and n1 == n2, (n1, n2)
+
+
+# ------------------------------------------------------------------ cleanup
+
+def test_nothing_left_after_kill_9_of_the_supervisor(oci: OciHarness, tmp_path: Any) -> None:
+    """A supervisor with an open session and a run in flight is killed with SIGKILL: its
+    container goes by itself (the fork server sees EOF), and what is left (runtime
+    state, cgroups, mounts, directories) is reaped by the next provider's start."""
+    p = oci.provider
+    kind = type(p).__module__ + ":" + type(p).__name__
+    extra = f"runtime={p.engine.name!r}" if p.tier == "container" else ""
+    script = textwrap.dedent(f"""
+        import asyncio, importlib, sys
+        mod, cls = {kind!r}.split(":")
+        from trialbox.sandbox.oci import OciConfig
+        async def main():
+            p = getattr(importlib.import_module(mod), cls)(OciConfig(warm=0), {extra})
+            await p.start()
+            sb = await p.open()
+            print(p.id, flush=True)
+            await sb.exec(["/bin/sleep", "60"])
+        asyncio.run(main())
+    """)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    owner = proc.stdout.readline().decode().strip()
+    assert owner, "the supervisor did not start"
+    time.sleep(0.5)  # the run is in flight
+    state = os.path.join(p.config.state_dir, owner)
+    assert os.path.isdir(state)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    fresh = type(p)(p.config.__class__(warm=0), **({"runtime": p.engine.name}
+                                                     if p.tier == "container" else {}))
+    oci.run(fresh.start())
+    try:
+        assert not os.path.exists(state), os.listdir(state)
+        for d in p.cgroups.dirs(f"trialbox-oci/{owner}"):
+            assert not os.path.exists(d), d
+        from trialbox.sandbox.mounts import mounts_under
+        assert not mounts_under(state)
+        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert owner not in out, [line for line in out.splitlines() if owner in line]
+    finally:
+        oci.run(fresh.close())
+
+
+def test_bad_input(oci: OciHarness) -> None:
+    from trialbox.errors import UsageError
+
+    async def body() -> None:
+        async with await oci.provider.open(FAST) as sb:
+            with pytest.raises(UsageError, match="pass_fds"):
+                r, w = os.pipe()
+                os.close(w)
+                await sb.exec(["/bin/true"], pass_fds={3: r})
+            with pytest.raises(UsageError, match="not found"):
+                await sb.exec(["no-such-command"])
+            with pytest.raises(UsageError, match="cwd"):
+                await sb.exec(["/bin/true"], cwd="/etc")
+    oci.run(body())
+    with pytest.raises(UsageError, match="Limits"):
+        oci.run(oci.provider.open({"wall_s": 1}))  # type: ignore[arg-type]
+
+
+def test_warm_session_is_fast(oci: OciHarness) -> None:
+    """A warm session's Python run does not start an interpreter or a container."""
+    async def body() -> list[float]:
+        await oci.provider.settle()
+        async with await oci.provider.open(Limits(wall_s=5)) as sb:
+            walls = []
+            for _ in range(5):
+                await asyncio.sleep(0.06)  # the next run's child is forked meanwhile
+                t = time.monotonic()
+                r = await sb.exec(["python3", "-c", "print(1)"])
+                walls.append(time.monotonic() - t)
+                assert r.ok, describe(r)
+            return sorted(walls)
+    walls = oci.run(body())
+    assert walls[2] < 0.1, walls  # a cold container start is >= 0.3 s here
