@@ -72,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("exec", help="run a program or command in a sandbox",
                        description="Run a program (--file) or a command (after --) in a "
-                       "fresh namespace sandbox. stdin passes through. With --json the "
-                       "ExecResult is printed as JSON; otherwise the program's output is "
-                       "replayed and a summary goes to stderr.")
+                       "fresh sandbox (--tier: namespace, gvisor, container). stdin passes "
+                       "through. With --json the ExecResult is printed as JSON; otherwise "
+                       "the program's output is replayed and a summary goes to stderr.")
     p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
     p.add_argument("--file", help="program file to run (language from its extension)")
     p.add_argument("--language", help="language of --file: python, bash, sh, c, cpp")
@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     d.add_argument("--probe-kvm", action="store_true",
                    help="also probe gVisor's kvm platform (5 s timeout; hangs on some hosts)")
+    d.add_argument("--measure", metavar="TIERS",
+                   help="instead: cold start and warm-run latency of these OCI tiers, e.g. "
+                   "gvisor,container:runc,container:crun")
 
     b = sub.add_parser("bench", help="benchmarks (make bench)")
     bsub = b.add_subparsers(dest="bench", required=True)
@@ -186,7 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "exec":
             return asyncio.run(_exec(args))
         if args.command == "doctor":
-            from trialbox.sandbox.doctor import diagnose, format_report
+            from trialbox.sandbox.doctor import diagnose, format_report, measure
+            if args.measure:
+                for tier in args.measure.split(","):
+                    print(json.dumps({"tier": tier, **asyncio.run(measure(tier))}))
+                return 0
             report = asyncio.run(diagnose(probe_kvm=args.probe_kvm))
             print(json.dumps(report.to_json(), indent=2) if args.json
                   else format_report(report))

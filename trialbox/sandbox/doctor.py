@@ -195,3 +195,44 @@ def format_report(r: NodeReport) -> str:
     lines.append("gvisor platforms: " + "; ".join(f"{k}: {v}"
                                                   for k, v in r.gvisor_platforms.items()))
     return "\n".join(lines)
+
+
+async def measure(tier: str, runs: int = 30, gap_s: float = 0.06) -> dict[str, float]:
+    """Cold start and warm-session run latency of one tier, in ms: `cold_open` (a
+    session with no warm one waiting: container start + fork server ready), `first_run`
+    on it, then `runs` runs of /bin/true and of `python3 -c pass` in one warm session,
+    `gap_s` apart (the think time between turns; the next run's child is forked in it),
+    and back to back (gap 0)."""
+    from trialbox.sandbox.container import ContainerProvider
+    from trialbox.sandbox.gvisor import GVisorProvider
+    from trialbox.sandbox.oci import OciConfig, OciProvider
+    provider: OciProvider = (GVisorProvider(OciConfig(warm=0)) if tier == "gvisor" else
+                             ContainerProvider(OciConfig(warm=0), runtime=tier.split(":")[-1]))
+    await provider.start()
+    out: dict[str, float] = {}
+    try:
+        colds = []
+        for _ in range(3):
+            t = time.perf_counter()
+            sb = await provider.open(Limits(wall_s=10))
+            colds.append((time.perf_counter() - t) * 1e3)
+            await sb.close()
+        out["cold_open_p50"] = sorted(colds)[1]
+        async with await provider.open(Limits(wall_s=10)) as sb:
+            for name, argv, gap in (("true", ["/bin/true"], gap_s),
+                                    ("python", ["python3", "-c", "pass"], gap_s),
+                                    ("true_back_to_back", ["/bin/true"], 0.0)):
+                walls = []
+                for _ in range(runs):
+                    await asyncio.sleep(gap)
+                    t = time.perf_counter()
+                    r = await sb.exec(argv)
+                    walls.append((time.perf_counter() - t) * 1e3)
+                    if not r.ok:
+                        raise RuntimeError(f"{tier} {name}: {r.status.value} {r.message}")
+                walls.sort()
+                out[f"{name}_p50"] = walls[len(walls) // 2]
+                out[f"{name}_p95"] = walls[min(len(walls) - 1, int(len(walls) * 0.95))]
+    finally:
+        await provider.close()
+    return {k: round(v, 1) for k, v in out.items()}

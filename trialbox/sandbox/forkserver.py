@@ -26,6 +26,7 @@ The supervisor counts output and time from outside and sends K; this program nev
 decides a limit was reached.
 """
 
+import gc
 import json
 import os
 import resource
@@ -35,6 +36,8 @@ import struct
 import sys
 
 HEADER = struct.Struct("<cI")
+SANDBOX_UID = 1000
+"""Every run's uid and gid inside the sandbox (oci.SANDBOX_UID)."""
 RLIMITS = {"RLIMIT_CPU": resource.RLIMIT_CPU, "RLIMIT_FSIZE": resource.RLIMIT_FSIZE,
            "RLIMIT_CORE": resource.RLIMIT_CORE, "RLIMIT_NOFILE": resource.RLIMIT_NOFILE,
            "RLIMIT_NPROC": resource.RLIMIT_NPROC, "RLIMIT_AS": resource.RLIMIT_AS}
@@ -66,30 +69,36 @@ def read_frame():
     return tag, read_exact(n) if n else b""
 
 
-def child(spec, stdin, out_w, err_w):
-    """In the forked child: wire stdio, drop to the run's uid with its limits, run."""
+def prepare(spec_r, out_w, err_w):
+    """In a child forked ahead of its run, before the run is known: everything that is
+    the same for every run (stdio, the sandbox uid, no privileges, the seccomp filter),
+    so the run itself waits only for its own limits, directory and exec."""
+    os.setsid()
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.dup2(spec_r, 3)
+    os.dup2(os.memfd_create("stdin", 0), 0)
+    os.closerange(4, 1 << 16)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.setgroups([])
+    os.setgid(SANDBOX_UID)
+    os.setuid(SANDBOX_UID)  # leaving root clears every capability
+    load_seccomp()
+
+
+def child(spec, stdin):
+    """The run: its stdin, limits and directory, then exec (or run Python here)."""
     try:
-        os.setsid()
-        stdin_fd = os.memfd_create("stdin", 0)
         view = memoryview(stdin)
         while view:
-            view = view[os.write(stdin_fd, view):]
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-        os.dup2(stdin_fd, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
+            view = view[os.write(0, view):]
+        os.lseek(0, 0, os.SEEK_SET)
         for name, (soft, hard) in spec["rlimits"].items():
             resource.setrlimit(RLIMITS[name], (soft, hard))
-        os.setgroups([])
-        os.setgid(spec["gid"])
-        os.setuid(spec["uid"])
         os.chdir(spec["cwd"])
-        os.closerange(3, 1 << 16)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
-        load_seccomp()
         if spec["mode"] == "python":
+            gc.enable()
             os.environ.clear()
             os.environ.update(spec["env"])
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -101,7 +110,7 @@ def child(spec, stdin, out_w, err_w):
         os.write(2, ("trialbox: cannot run %s: %s\n" % (spec["argv"][0], e.strerror))
                  .encode())
         os._exit(127)
-    except BaseException as e:
+    except BaseException as e:  # the child must never return
         os.write(2, ("trialbox: cannot run %s: %r\n" % (spec["argv"][0], e)).encode())
         os._exit(127)
     os._exit(127)
@@ -186,12 +195,16 @@ class Waiting:
         self.err_r, err_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
+            gc.disable()  # a collection would touch (copy) every page of the heap
             signal.set_wakeup_fd(-1)
-            for fd in (self.spec_w, self.out_r, self.err_r, WAKE[0], WAKE[1]):
-                os.close(fd)
+            try:
+                prepare(spec_r, out_w, err_w)
+            except BaseException as e:  # never return into the server
+                os.write(2, ("trialbox: sandbox set-up failed: %r\n" % (e,)).encode())
+                os._exit(126)
             chunks = []
             while True:
-                b = os.read(spec_r, 1 << 20)
+                b = os.read(3, 1 << 20)
                 if not b:
                     break
                 chunks.append(b)
@@ -199,7 +212,7 @@ class Waiting:
             if not data:
                 os._exit(0)
             (n,) = struct.unpack_from("<I", data)
-            child(json.loads(data[4:4 + n]), data[4 + n:], out_w, err_w)
+            child(json.loads(data[4:4 + n]), data[4 + n:])
         for fd in (spec_r, out_w, err_w):
             os.close(fd)
 
@@ -320,6 +333,7 @@ def main():
             __import__(name)
         except ImportError:
             pass
+    gc.freeze()  # keep the collector off the preloaded heap, shared with each child
     waiting = Waiting()
     send(b"H")
     while True:
