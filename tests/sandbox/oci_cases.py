@@ -122,7 +122,8 @@ def test_resource_attack_contained(oci: OciHarness, lang: str, code: str,
     elapsed = time.monotonic() - t
     assert r.status in CANDIDATE_STATUSES, describe(r)
     assert r.status is want, describe(r)
-    assert elapsed < max_s + 2.0, f"took {elapsed:.2f}s"  # + a cold start after a kill
+    assert r.wall_ms < max_s * 1000, describe(r)  # the run itself, timed by the supervisor
+    assert elapsed < max_s + 10, f"took {elapsed:.2f}s"  # + maybe a cold start (loaded host)
     if want is ExecStatus.OUTPUT:
         assert r.truncated and len(r.stdout) == FAST.output_bytes
     assert oci.one("print(sum(range(10)))").stdout == b"45\n"
