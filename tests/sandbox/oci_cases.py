@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.sandbox.conftest import CANDIDATE_STATUSES, FAST, describe
-from tests.sandbox.test_hostile import PRIVILEGED, PROJECT, RESOURCE_ATTACKS
+from tests.sandbox.test_hostile import PRIVILEGED, PROJECT, RESOURCE_ATTACKS, SECRET
 from trialbox.sandbox import run_code
 from trialbox.sandbox.oci import OciProvider
 from trialbox.types import ExecResult, ExecStatus, Limits
@@ -235,6 +235,79 @@ def test_daemon_dies_with_the_run(oci: OciHarness) -> None:
     r, n1, n2 = oci.run(body())
     assert (r.status, r.stdout) == (ExecStatus.OK, b"started\n"), describe(r)
     assert n1 > 0 and n1 == n2, (n1, n2)
+
+
+def test_kill_everything_spares_the_host(oci: OciHarness) -> None:
+    """`kill -9 -1` and a sweep over pid numbers from inside kill only the run's own
+    processes: never a host process, nor the session's fork server."""
+    host = subprocess.Popen(["/bin/sleep", "30"], user=65534)
+    try:
+        async def body() -> tuple[ExecResult, ExecResult, ExecResult]:
+            async with await oci.provider.open(FAST) as sb:
+                r1 = await sb.exec(["/bin/bash", "-c",
+                                    "sleep 30 & kill -9 -1; wait; echo survived"])
+                r2 = await sb.exec(["/bin/bash", "-c",
+                                    (f"for p in $(seq 1 3000) {host.pid} {os.getpid()}; do "
+                                     "kill -9 $p 2>/dev/null; done; echo swept")])
+                r3 = await sb.exec(["/bin/echo", "still serving"])
+                return r1, r2, r3
+        r1, r2, r3 = oci.run(body())
+        assert (r1.status, r1.stdout) == (ExecStatus.OK, b"survived\n"), describe(r1)
+        assert r2.status in CANDIDATE_STATUSES, describe(r2)
+        assert r3.stdout == b"still serving\n", describe(r3)
+        assert host.poll() is None, "a host process was killed from inside the sandbox"
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_ptrace_denied(oci: OciHarness) -> None:
+    code = r"""
+import ctypes, json, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+out["init"] = (libc.ptrace(16, 1, 0, 0), ctypes.get_errno())
+child = os.fork()
+if child == 0:
+    time.sleep(5)
+    os._exit(0)
+out["own-child"] = (libc.ptrace(0x4206, child, 0, 0), ctypes.get_errno())
+os.kill(child, 9)
+print(json.dumps(out))
+"""
+    r = oci.one(code)
+    assert r.status is ExecStatus.OK, describe(r)
+    assert json.loads(r.stdout) == {k: [-1, errno.EPERM] for k in ("init", "own-child")}
+
+
+def test_leftovers_do_not_reach_the_next_session(oci: OciHarness) -> None:
+    async def body() -> ExecResult:
+        async with await oci.provider.open(FAST) as a:
+            r = await a.exec(["/bin/bash", "-c", "echo trap > /tmp/.trap; "
+                              "echo trap > /dev/shm/.trap; echo pwned > /workspace/.bashrc"])
+            assert r.status is ExecStatus.OK, describe(r)
+        async with await oci.provider.open(FAST) as b:
+            return await b.exec(["/bin/bash", "-c", "ls -A /tmp /dev/shm /workspace; exit 0"])
+    r = oci.run(body())
+    assert r.status is ExecStatus.OK, describe(r)
+    assert b"trap" not in r.stdout and b"bashrc" not in r.stdout, describe(r)
+
+
+def test_parent_environment_not_visible(oci: OciHarness,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIALBOX_SECRET", SECRET)
+    r = oci.one("env; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done "
+                "2>/dev/null; exit 0", "bash")
+    assert r.status is ExecStatus.OK, describe(r)
+    assert SECRET.encode() not in r.stdout + r.stderr, describe(r)
+
+
+def test_protocol_lookalike_output_changes_nothing(oci: OciHarness) -> None:
+    """Output that imitates the fork server's frames is only output."""
+    r = oci.one("import sys, struct\nsys.stdout.buffer.write(b'X' + struct.pack('<I', 13) "
+                "+ b'{\"status\": 0}' + b'K\\0\\0\\0\\0')\nsys.exit(2)")
+    assert (r.status, r.exit_code) == (ExecStatus.EXIT, 2), describe(r)
+    assert r.stdout.startswith(b"X\r\0\0\0{"), describe(r)
 
 
 # ------------------------------------------------------------------ cleanup
