@@ -28,6 +28,8 @@ from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S,
 from trialbox.sandbox.pool import BASE_ENV
 from trialbox.types import ExecResult, ExecStatus, Limits
 
+CARRY_ALL = 1 << 62
+
 
 class OciSession:
     """A session in an OCI-runtime tier (`Sandbox` interface). Get one from a provider:
@@ -318,7 +320,10 @@ class _Run:
         files = c.files
         assert files is not None
         try:
-            files.begin_run(self.sb.provider.host_limits(limits))
+            # Everything the sandbox holds when the run starts is carried (not charged
+            # to the run): the fork server, gVisor's Sentry, the workspace's pages. Its
+            # processes are all killed between runs, so what it carries is bounded.
+            files.begin_run(self.sb.provider.host_limits(limits), carry=CARRY_ALL)
             self.base_usage = files.base.usage_bytes
             self.oom_base = files.base.oom_kills
         except OSError as e:
