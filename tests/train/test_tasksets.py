@@ -283,3 +283,16 @@ def test_a_missing_demo_source_needs_no_files():
     sets = task_sets(config_from_dict({}).tasks, seed=0, tasks_per_step=2, sft_size=10,
                      training=True, eval_split=EvalSplit.TEST)
     assert sets.demo and len(sets.train_step(0)) == 2
+
+
+def test_trialbox_train_with_a_missing_source_exits_2_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.toml"
+    out = tmp_path / "run"
+    bad.write_text(f'[run]\nout_dir = "{out}"\n[tasks]\nsource = "{tmp_path}/none.jsonl"\n')
+    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(bad)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert f"task file '{tmp_path}/none.jsonl' does not exist" in p.stderr
+    assert not out.exists()

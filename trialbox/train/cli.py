@@ -22,8 +22,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t = sub.add_parser(
         "train", help="train a policy from a TOML config (SFT warm start, GRPO)",
         description="Run the recipe of a TOML config: [run] [model] [sft] [grpo] "
-        "[rollout] [eval] (see trialbox/train/demo.toml and docs/training.md). Unknown "
-        "keys and inconsistent sizes are errors naming the field to change.")
+        "[rollout] [eval] [tasks] [policy] (see trialbox/train/demo.toml and "
+        "docs/training.md). [tasks]: the demo family, humaneval, JSONL/Parquet files or "
+        "fsspec URLs, split into train/validation/test; [policy]: the local model "
+        "(trained) or an OpenAI-compatible server (evaluation only). Unknown keys, "
+        "inconsistent sizes, missing sources and empty splits are errors naming the "
+        "field to change, before anything is written.")
     t.add_argument("config", help="the TOML file")
     t.add_argument("--seed", type=int, default=None, help="override [run] seed")
     t.add_argument("--out", default=None, help="override [run] out_dir")
