@@ -68,7 +68,8 @@ _STARTUP_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
 _PYTEST_SECTION = re.compile(rb"^\s*\[(pytest|tool:pytest|tool\.pytest\.ini_options)\]",
                              re.M)
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
-                            "attr", "attrs", "exceptiongroup", "tomli", "_trialbox_pytest"})
+                            "attr", "attrs", "exceptiongroup", "tomli", "_trialbox_pytest",
+                            "_trialbox_repo_proxy", "_trialbox_repo_stub", "_trialbox_codec"})
 """Top-level modules the test runner is made of (Debian's python3-pytest and its
 dependencies) or the judge's own: a candidate module of the same name is shadowing."""
 SHADOWED = frozenset(sys.stdlib_module_names) | RUNNER_MODULES
