@@ -373,3 +373,22 @@ def test_the_candidates_sandbox_failing_is_infra_only_before_it_answered():
     assert g.outcome is Outcome.INFRA and "candidate's sandbox" in g.message
     g = _grade(task, graded_modules(task), "n", records(3), ok, 1.0, broken)
     assert g.outcome is Outcome.FAILED, g
+
+
+def test_no_candidate_code_runs_in_the_tests_sandbox(runner):
+    """A test that runs the candidate's file itself (runpy, a subprocess) finds a stub in
+    the tests' sandbox: the candidate's code never runs beside the trusted runner (such
+    a test cannot pass on the trusted tier — a documented limit; in-process it runs)."""
+    task = replace(TASK, test_files=(("tests/test_ops.py", (
+        b"import os, runpy, subprocess, sys\n\n\n"
+        b"def test_runpy():\n    root = os.path.dirname(os.path.dirname(__file__))\n"
+        b"    assert runpy.run_path(os.path.join(root, 'calc/ops.py'))['add'](1, 2) == 3\n\n\n"
+        b"def test_subprocess():\n    root = os.path.dirname(os.path.dirname(__file__))\n"
+        b"    out = subprocess.run([sys.executable, '-c', 'from calc.ops import add; "
+        b"print(add(1, 2))'], cwd=root, capture_output=True, text=True)\n"
+        b"    assert out.stdout == '3\\n', out.stderr\n")),), hidden_test_files=())
+    g = runner.run(judge_repo(task, GOOD, runner.pool, FAST))
+    assert [t.passed for t in g.tests] == [False, False], g.tests
+    assert all("runs in its own sandbox" in t.message for t in g.tests), g.tests
+    g = runner.run(judge_repo(task, GOOD, runner.pool, IN_PROCESS))
+    assert g.outcome is Outcome.PASSED, g.tests

@@ -77,6 +77,9 @@ TIERS = ("trusted", "in-process")
 STUB = "_trialbox_repo_stub.py"
 PROXY = "_trialbox_repo_proxy.py"
 CODEC = "_trialbox_codec.py"
+_NOT_HERE = (b'raise ImportError("the candidate\'s code runs in its own sandbox on the '
+             b'trusted tier, never in the tests\' (docs/judge.md, repository tasks)")\n')
+"""What the tests' sandbox holds for each of the candidate's Python files."""
 _TRUSTED_EXTRA_S = 10.0
 """The trusted run's wall and CPU limits exceed the candidate's by this much: a candidate
 that hangs is stopped by its own limit first, and the tests after it still report."""
@@ -324,7 +327,11 @@ async def _attempt_trusted(task: Task, tree: CandidateTree, pool: CellPool,
             await cand.write_file(f"{JUDGE_DIR}/{name}", _program(source))
         try:
             for path, data in sorted(tree.files.items()):
-                await sb.write_file(f"{REPO_DIR}/{path}", data)
+                # The tests' sandbox gets the candidate's Python files as stubs: their
+                # modules are remote, and nothing there (a test's subprocess, runpy) can
+                # run the candidate's code beside the tests.
+                code = path.endswith(".py") and path not in trusted
+                await sb.write_file(f"{REPO_DIR}/{path}", _NOT_HERE if code else data)
                 if path not in hidden:  # hidden tests never enter the candidate's sandbox
                     await cand.write_file(f"{REPO_DIR}/{path}", data)
         except UsageError as e:  # e.g. a tree larger than the workspace: its doing
@@ -334,19 +341,35 @@ async def _attempt_trusted(task: Task, tree: CandidateTree, pool: CellPool,
         ours.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(ours, json.dumps(job).encode() + b"\n")
-        reader = asyncio.ensure_future(_read_all(loop, ours))
-        cand_run = asyncio.ensure_future(cand.exec(
-            ["python3", "-c", f"import sys; sys.path.insert(0, '{WORKSPACE}/{JUDGE_DIR}'); "
-             "import _trialbox_repo_stub as m; m.main()"],
-            env=RUNNER_ENV, cwd=repo, pass_fds={3: cands.detach()}, last=True))
+        started = asyncio.Event()
+        reader = asyncio.ensure_future(_read_all(loop, ours, started))
+        tests_run = asyncio.ensure_future(sb.exec(
+            ["python3", "-c", "import _trialbox_pytest as m; m.main()"], env=RUNNER_ENV,
+            cwd=f"{WORKSPACE}/{JUDGE_DIR}", pass_fds={3: theirs.detach(), 4: mine.detach()}))
+        cand_run: asyncio.Future[ExecResult] | None = None
         try:
-            r = await sb.exec(["python3", "-c", "import _trialbox_pytest as m; m.main()"],
-                              env=RUNNER_ENV, cwd=f"{WORKSPACE}/{JUDGE_DIR}",
-                              pass_fds={3: theirs.detach(), 4: mine.detach()})
+            # The candidate's clock starts when the tests' runner is up (its `start`
+            # record, pytest imported), not while it waits for a slow start.
+            waiter = asyncio.ensure_future(started.wait())
+            await asyncio.wait([tests_run, waiter], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if started.is_set() and not tests_run.done():
+                cand_run = asyncio.ensure_future(cand.exec(
+                    ["python3", "-c", f"import sys; sys.path.insert(0, "
+                     f"'{WORKSPACE}/{JUDGE_DIR}'); import _trialbox_repo_stub as m; m.main()"],
+                    env=RUNNER_ENV, cwd=repo, pass_fds={3: cands.detach()}, last=True))
+            r = await tests_run
         finally:
             # The tests are done (or gone): nothing the candidate does now can matter.
-            await cand.stop()
-            rc = await cand_run
+            if not tests_run.done():
+                await sb.stop()
+                await asyncio.wait([tests_run])
+            if cand_run is not None:
+                await cand.stop()
+                rc = await cand_run
+            else:
+                rc = ExecResult(ExecStatus.SIGNAL, message="not started: the tests' run "
+                                "ended before its runner started")
             data = await reader
     finally:
         for s in (ours, theirs, mine, cands):
@@ -356,13 +379,17 @@ async def _attempt_trusted(task: Task, tree: CandidateTree, pool: CellPool,
     return _grade(task, modules, nonce, data, r, (time.monotonic() - t0) * 1e3, rc)
 
 
-async def _read_all(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+async def _read_all(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                    first_line: asyncio.Event | None = None) -> bytes:
     """Everything the runner sends until the run is over (the sandbox closes its end);
-    past `MAX_CHANNEL` bytes the rest is drained and dropped."""
+    past `MAX_CHANNEL` bytes the rest is drained and dropped. `first_line` is set when
+    the first record (`start`) has arrived."""
     chunks: list[bytes] = []
     size = 0
     while True:
         chunk = await loop.sock_recv(sock, 1 << 16)
+        if first_line is not None and (b"\n" in chunk or not chunk):
+            first_line.set()
         if not chunk:
             return b"".join(chunks)
         if size < MAX_CHANNEL:
