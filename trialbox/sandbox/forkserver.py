@@ -53,20 +53,37 @@ def send(tag, data=b""):
         view = view[n:]
 
 
-def read_exact(n):
-    chunks = []
-    while n:
-        b = os.read(IN, min(n, 1 << 20))
-        if not b:
-            raise EOFError
-        chunks.append(b)
-        n -= len(b)
-    return b"".join(chunks)
+INBUF = bytearray()
+"""What was read from the supervisor and not yet parsed (a run's R and I frames come in
+one write, read with one read)."""
+
+
+def buffered_frame():
+    """The next complete frame already read, or None."""
+    if len(INBUF) < HEADER.size:
+        return None
+    tag, n = HEADER.unpack_from(INBUF)
+    if len(INBUF) < HEADER.size + n:
+        return None
+    payload = bytes(INBUF[HEADER.size:HEADER.size + n])
+    del INBUF[:HEADER.size + n]
+    return tag, payload
+
+
+def buffered_frame_pending():
+    return len(INBUF) >= HEADER.size and len(INBUF) >= HEADER.size + HEADER.unpack_from(
+        INBUF)[1]
 
 
 def read_frame():
-    tag, n = HEADER.unpack(read_exact(HEADER.size))
-    return tag, read_exact(n) if n else b""
+    while True:
+        frame = buffered_frame()
+        if frame is not None:
+            return frame
+        b = os.read(IN, 1 << 20)
+        if not b:
+            raise EOFError
+        INBUF.extend(b)
 
 
 def prepare(spec_r, out_w, err_w):
@@ -279,7 +296,7 @@ def run(waiting, spec_bytes, stdin):
     wake_r = WAKE[0]
     while readers or status is None:
         fds = list(readers) + [IN, wake_r]
-        ready, _, _ = select.select(fds, [], [])
+        ready = [IN] if buffered_frame_pending() else select.select(fds, [], [])[0]
         for fd in ready:
             if fd == wake_r:
                 try:

@@ -320,10 +320,12 @@ class Container:
         except OSError:
             return "(no log)"
 
-    def send(self, tag: bytes, payload: bytes = b"") -> None:
+    def send(self, *frames: tuple[bytes, bytes]) -> None:
+        """Frames (tag, payload) to the fork server, in one write."""
         if self.proc is None or self.proc.stdin is None or self.dead:
             raise SandboxStartError("the session's container is gone")
-        self.proc.stdin.write(HEADER.pack(tag, len(payload)) + payload)
+        self.proc.stdin.write(b"".join(HEADER.pack(tag, len(payload)) + payload
+                                       for tag, payload in frames))
         self.proc.stdin.flush()
 
     def destroy(self) -> None:

@@ -279,7 +279,7 @@ class _Run:
             self.kill_reason, self.kill_message = reason, message
             self.t_end = time.monotonic()
             try:
-                self.c.send(b"K")
+                self.c.send((b"K", b""))
             except (OSError, SandboxStartError):
                 self.c.dead = True
 
@@ -332,8 +332,7 @@ class _Run:
         c.on_frame, c.on_eof = self._frame, self._eof
         self.t_go = time.monotonic()
         try:
-            c.send(b"R", json.dumps(self.spec).encode())
-            c.send(b"I", self.stdin)
+            c.send((b"R", json.dumps(self.spec).encode()), (b"I", self.stdin))
         except (OSError, SandboxStartError) as e:
             c.dead = True
             c.on_frame = c.on_eof = None
