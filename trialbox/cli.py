@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "reference solution's time on it (measured once per task; floor 0.5 s)")
     e.add_argument("--amplified", default=None, metavar="FILE",
                    help="function tasks: add the amplified tests stored in FILE (python -m "
-                   "trialbox.judge.amplify) to each task's hidden tests")
+                   "trialbox.judge.amplify), or 'humaneval' for the shipped set, to each "
+                   "task's hidden tests")
 
     a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
     asub = a.add_subparsers(dest="audit", required=True)

@@ -131,3 +131,17 @@ def test_eval_opts_in_with_amplified(amplified, subset, tmp_path):
         outcomes[bool(extra)] = [json.loads(x)["outcome"] for x in out.read_text().split("\n")
                                  if x]
     assert outcomes == {False: ["passed", "passed"], True: ["passed", "failed"]}
+
+
+def test_the_shipped_humaneval_set_loads_and_its_canonicals_pass(runner):
+    """The stored set (generated once, hashed): every task has tests, and the canonical
+    solutions of a spread of tasks pass them (all 164: docs/adversary.md's figures)."""
+    shipped = amplify.load("humaneval")
+    assert shipped.task_set == "humaneval" and shipped.errors == {}
+    tasks = load_humaneval()
+    assert set(shipped.tests) == {t.task_id for t in tasks}
+    assert all(shipped.tests[t.task_id] for t in tasks)
+    assert sum(shipped.counts().values()) > 5 * sum(len(t.hidden_tests) for t in tasks)
+    for task in amplify.apply(tasks[::16], shipped):
+        g = runner.run(judge_function(task, task.canonical_solution, runner.pool))
+        assert g.outcome is Outcome.PASSED, (task.task_id, g.message)
