@@ -25,7 +25,7 @@ import pytest
 from tests.sandbox.conftest import CANDIDATE_STATUSES, FAST, describe
 from tests.sandbox.test_hostile import PRIVILEGED, PROJECT, RESOURCE_ATTACKS, SECRET
 from trialbox.sandbox import run_code
-from trialbox.sandbox.oci import OciProvider
+from trialbox.sandbox.oci import OciProvider, cgroup_roots
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 T = TypeVar("T")
@@ -65,7 +65,8 @@ class OciHarness:
         ready = {sb.container.cid for sb in p._ready if sb.container is not None}
         out = [f"container {c}" for c in p.list_containers() if c not in ready]
         warm = {sb.sid for sb in p._ready}
-        for top in p.cgroups.dirs(f"trialbox-oci/{p.id}"):
+        for root in cgroup_roots():  # every hierarchy: runc and crun use them all
+            top = os.path.join(root, f"trialbox-oci/{p.id}")
             if os.path.isdir(top):
                 out += [f"cgroup {top}/{c}" for c in os.listdir(top)
                         if os.path.isdir(os.path.join(top, c)) and c not in warm]
@@ -92,6 +93,25 @@ def test_program_output_and_exit_code(oci: OciHarness) -> None:
     assert r.tier == oci.provider.tier and r.runtime == oci.provider.runtime.id
     r = oci.one("echo out; echo err >&2; exit 0", "bash")
     assert (r.status, r.stdout, r.stderr) == (ExecStatus.OK, b"out\n", b"err\n"), describe(r)
+
+
+def test_provider_close_leaves_nothing(oci: OciHarness) -> None:
+    """A provider's close removes its containers, cgroups (in every hierarchy), mounts and
+    state directory, sessions left open included."""
+    p = type(oci.provider)(oci.provider.config.__class__(warm=1),
+                           **({"runtime": oci.provider.engine.name}
+                              if oci.provider.tier == "container" else {}))
+    oci.run(p.start())
+    sb = oci.run(p.open(FAST))
+    assert oci.run(sb.exec(["/bin/true"])).ok
+    oci.run(p.settle())
+    oci.run(sb.close())
+    oci.run(p.close())
+    left = [os.path.join(root, f"trialbox-oci/{p.id}") for root in cgroup_roots()]
+    assert not [d for d in left if os.path.exists(d)]
+    assert not os.path.exists(p.dir)
+    assert p.id not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                      text=True).stdout
 
 
 def test_session_files_persist_across_runs(oci: OciHarness) -> None:
@@ -346,8 +366,8 @@ def test_nothing_left_after_kill_9_of_the_supervisor(oci: OciHarness, tmp_path: 
     oci.run(fresh.start())
     try:
         assert not os.path.exists(state), os.listdir(state)
-        for d in p.cgroups.dirs(f"trialbox-oci/{owner}"):
-            assert not os.path.exists(d), d
+        for root in cgroup_roots():
+            assert not os.path.exists(os.path.join(root, f"trialbox-oci/{owner}")), root
         from trialbox.sandbox.mounts import mounts_under
         assert not mounts_under(state)
         out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

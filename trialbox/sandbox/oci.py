@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError
 from trialbox.sandbox import mounts
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
+from trialbox.sandbox.cgroups import _mounts as _cgroup_mounts
 from trialbox.sandbox.pool import (DEV_NODES, _build_root_template, _owner_alive,
                                    owner_id, system_runtime)
 from trialbox.sandbox.seccomp import build_filter
@@ -420,7 +421,7 @@ class OciProvider:
         self.runtime = system_runtime(self.config.python)
         self.python_names = frozenset({"python", "python3", self.config.python,
                                        os.path.realpath(self.config.python)})
-        self.reaped = reap_orphans(self.config.state_dir, self.cgroups)
+        self.reaped = reap_orphans(self.config.state_dir)
         if any(self.reaped.values()):
             log.warning("reaped what dead %s supervisors left: %s", self.tier, self.reaped)
         for d in (self.dir, self.tb_dir, self.runtime_root, os.path.join(self.dir, "s")):
@@ -555,20 +556,58 @@ class OciProvider:
                        capture_output=True, timeout=30, check=False)
 
     def remove_cgroup(self, rel: str) -> None:
-        for _ in range(100):
-            self.cgroups.kill_all(rel)
-            for d in self.cgroups.dirs(rel):
-                if os.path.isdir(d):
-                    for c in os.listdir(d):
-                        if os.path.isdir(os.path.join(d, c)):
-                            self.cgroups.kill_all(f"{rel}/{c}")
-            if self.cgroups.remove(rel):
-                return
-            time.sleep(0.02)
-        log.warning("cgroup %s still busy", rel)
+        if not clear_cgroup(rel):
+            log.warning("cgroup %s still busy", rel)
 
 
-def reap_orphans(state_dir: str, driver: CgroupDriver) -> dict[str, int]:
+def cgroup_roots() -> list[str]:
+    """Every cgroup hierarchy's mount point: runc and crun create a container's cgroup in
+    all of them (blkio, devices, freezer, the named systemd one, cgroup2...), not only in
+    the four whose limits and accounting trialbox uses."""
+    return sorted({mp for mp, _fstype, _opts in _cgroup_mounts()})
+
+
+def _cgroup_procs(path: str) -> list[int]:
+    found: list[int] = []
+    for dirpath, _dirs, _files in os.walk(path):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                found += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _rmdir_tree(path: str) -> bool:
+    ok = True
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count("/")):
+        try:
+            os.rmdir(dirpath)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            ok = False
+    return ok
+
+
+def clear_cgroup(rel: str) -> bool:
+    """Kill every process under `rel` in every hierarchy, then remove `rel` and all below
+    it everywhere. False if something was still busy."""
+    paths = [os.path.join(root, rel) for root in cgroup_roots()]
+    for _ in range(100):
+        pids = {p for path in paths for p in _cgroup_procs(path)}
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    return all([_rmdir_tree(path) for path in paths])
+
+
+def reap_orphans(state_dir: str) -> dict[str, int]:
     """Remove what dead OCI-tier supervisors left: their containers (each runtime's
     `delete --force`), processes in their cgroups, the cgroups, mounts, directories."""
     counts = {"containers": 0, "processes": 0, "cgroups": 0, "mounts": 0}
@@ -594,29 +633,16 @@ def reap_orphans(state_dir: str, driver: CgroupDriver) -> dict[str, int]:
                 mounts.umount(mp)
                 counts["mounts"] += 1
             shutil.rmtree(path, ignore_errors=True)
-    for top in driver.dirs("trialbox-oci"):
-        if not os.path.isdir(top):
-            continue
-        for name in os.listdir(top):
-            if not os.path.isdir(os.path.join(top, name)) or _owner_alive(name):
-                continue
-            rel = f"trialbox-oci/{name}"
-            for _ in range(50):
-                pids = driver.pids(rel) + [p for d in os.listdir(os.path.join(top, name))
-                                           if os.path.isdir(os.path.join(top, name, d))
-                                           for p in driver.pids(f"{rel}/{d}")]
-                if not pids:
-                    break
-                counts["processes"] += len(pids)
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.02)
-            for d in os.listdir(os.path.join(top, name)):
-                if os.path.isdir(os.path.join(top, name, d)):
-                    driver.remove(f"{rel}/{d}")
-            if driver.remove(rel):
-                counts["cgroups"] += 1
+    dead = set()
+    for root in cgroup_roots():
+        top = os.path.join(root, "trialbox-oci")
+        if os.path.isdir(top):
+            dead |= {name for name in os.listdir(top)
+                     if os.path.isdir(os.path.join(top, name)) and not _owner_alive(name)}
+    for name in sorted(dead):
+        rel = f"trialbox-oci/{name}"
+        counts["processes"] += len({p for root in cgroup_roots()
+                                    for p in _cgroup_procs(os.path.join(root, rel))})
+        if clear_cgroup(rel):
+            counts["cgroups"] += 1
     return counts
