@@ -156,13 +156,28 @@ def _exception(name, cls_reply, message):
     if cls_reply is None:
         cls = getattr(builtins, name, None)
         if isinstance(cls, type) and issubclass(cls, Exception):
-            return cls(message)
+            return _make(cls, name, message)
         # KeyboardInterrupt, SystemExit...: must not steer the trusted runner
         return RuntimeError("the candidate's code raised %s: %s" % (name, message))
     cls = _answer(cls_reply)
     if isinstance(cls, type) and issubclass(cls, Exception):
-        return cls(message)
+        return _make(cls, name, message)
     raise CandidateGone("the candidate's process broke the protocol")
+
+
+def _make(cls, name, message):
+    """cls(message), or for a type whose constructor wants more (UnicodeDecodeError) an
+    instance with that message as its args."""
+    try:
+        return cls(message)
+    except Exception:
+        pass
+    try:
+        exc = cls.__new__(cls)
+        exc.args = (message,)
+        return exc
+    except Exception:
+        return RuntimeError("the candidate's code raised %s: %s" % (name, message))
 
 
 def _arg(value):
