@@ -296,3 +296,17 @@ def test_trialbox_train_with_a_missing_source_exits_2_and_writes_nothing(tmp_pat
     assert p.returncode == 2, p.stderr[-2000:]
     assert f"task file '{tmp_path}/none.jsonl' does not exist" in p.stderr
     assert not out.exists()
+
+
+def test_a_warm_start_without_solutions_is_named_before_writing(runner, tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "canonical_solution"} for r in FUNCTION_ROWS]
+    src = write_jsonl(tmp_path / "t.jsonl", rows)
+    config = config_from_dict({
+        "run": {"out_dir": str(tmp_path / "run")},
+        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 320},
+        "grpo": {"tasks_per_step": 2, "group_size": 2, "micro_batch": 4},
+        "rollout": {"max_new_tokens": 8}, "tasks": {"source": src}})
+    with pytest.raises(UsageError, match=r"no task of the train split has a "
+                       r"canonical_solution to imitate; set \[sft\] steps = 0"):
+        runner.run(train(config, runner.pool))
+    assert not (tmp_path / "run").exists()

@@ -360,6 +360,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         assert evals is not None  # TrainConfig requires [eval] tasks for a served model
         return await evaluate_served(config, evals, pool, say, t_start)
     check_fits(config, sets, evals)
+    pairs = sft_data(config, sets) if not run.resume and config.sft.steps else []
     device = resolve_device(run.device)
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -385,8 +386,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     result = TrainResult(run.out_dir, 0, None, None)
     try:
         # ---- supervised warm start (fresh runs only) -----------------------------------
-        if not run.resume and config.sft.steps:
-            pairs = sft_data(config, sets)
+        if pairs:
             stats = sft(model, tok, pairs, config.sft, device=device, progress=lambda s, loss:
                         say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
                         if s % 10 == 0 or s == config.sft.steps else None)
