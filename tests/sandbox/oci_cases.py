@@ -381,10 +381,8 @@ def test_bad_input(oci: OciHarness) -> None:
 
     async def body() -> None:
         async with await oci.provider.open(FAST) as sb:
-            with pytest.raises(UsageError, match="pass_fds"):
-                r, w = os.pipe()
-                os.close(w)
-                await sb.exec(["/bin/true"], pass_fds={3: r})
+            with pytest.raises(UsageError, match="pass_fds target 2"):
+                await sb.exec(["/bin/true"], pass_fds={2: 0})
             with pytest.raises(UsageError, match="not found"):
                 await sb.exec(["no-such-command"])
             with pytest.raises(UsageError, match="cwd"):
@@ -409,3 +407,29 @@ def test_warm_session_is_fast(oci: OciHarness) -> None:
             return sorted(walls)
     walls = oci.run(body())
     assert walls[2] < 0.1, walls  # a cold container start is >= 0.3 s here
+
+
+def test_pass_fds_reach_the_program(oci: OciHarness) -> None:
+    """An fd handed to a run (a socketpair's end) is the program's on its target number,
+    both ways; ours is closed once handed over, so EOF means the run is gone."""
+    mine, theirs = socket.socketpair()
+    code = ("import os, socket\ns = socket.socket(fileno=5)\ns.sendall(b'ping from ' + "
+            "str(os.getuid()).encode())\nprint(s.recv(100).decode())")
+
+    async def body() -> ExecResult:
+        async with await oci.provider.open(FAST) as sb:
+            await sb.write_file("main.py", code.encode())
+            task = asyncio.ensure_future(sb.exec(["python3", "main.py"],
+                                                 pass_fds={5: theirs.detach()}))
+            loop = asyncio.get_running_loop()
+            got = await loop.sock_recv(mine, 100)
+            await loop.sock_sendall(mine, b"pong " + got)
+            r = await task
+            assert await loop.sock_recv(mine, 100) == b""  # every holder is gone
+            return r
+    mine.setblocking(False)
+    try:
+        r = oci.run(body())
+    finally:
+        mine.close()
+    assert (r.status, r.stdout) == (ExecStatus.OK, b"pong ping from 1000\n"), describe(r)

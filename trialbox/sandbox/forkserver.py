@@ -26,12 +26,14 @@ The supervisor counts output and time from outside and sends K; this program nev
 decides a limit was reached.
 """
 
+import fcntl
 import gc
 import json
 import os
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 
@@ -42,7 +44,9 @@ RLIMITS = {"RLIMIT_CPU": resource.RLIMIT_CPU, "RLIMIT_FSIZE": resource.RLIMIT_FS
            "RLIMIT_CORE": resource.RLIMIT_CORE, "RLIMIT_NOFILE": resource.RLIMIT_NOFILE,
            "RLIMIT_NPROC": resource.RLIMIT_NPROC, "RLIMIT_AS": resource.RLIMIT_AS}
 
-IN, OUT = 0, 1
+IN, OUT = int(os.environ.get("TB_CTL_FD", "0")), 1
+"""Frames come in on the control socket (0 under runsc, 3 under runc and crun: see
+oci.Engine.ctl_fd); frames go out on stdout."""
 
 
 def send(tag, data=b""):
@@ -53,6 +57,9 @@ def send(tag, data=b""):
         view = view[n:]
 
 
+CTL = socket.socket(fileno=IN)  # our stdin: a unix socket, so fds can come with a run
+INFDS = []
+"""Fds received and not yet handed to a run."""
 INBUF = bytearray()
 """What was read from the supervisor and not yet parsed (a run's R and I frames come in
 one write, read with one read)."""
@@ -80,22 +87,31 @@ def read_frame():
         frame = buffered_frame()
         if frame is not None:
             return frame
-        b = os.read(IN, 1 << 20)
+        b, anc, _flags, _addr = CTL.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+        for level, kind, data in anc:  # fds for a run (pass_fds), in order
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                INFDS.extend(struct.unpack("%di" % (len(data) // 4),
+                                           data[:len(data) - len(data) % 4]))
         if not b:
             raise EOFError
         INBUF.extend(b)
 
 
+SPEC_FD = 100
+"""Where a waiting child keeps its end of the spec socket (above every pass_fds target)."""
+
+
 def prepare(spec_r, out_w, err_w):
     """In a child forked ahead of its run, before the run is known: everything that is
     the same for every run (stdio, the sandbox uid, no privileges, the seccomp filter),
-    so the run itself waits only for its own limits, directory and exec."""
+    so the run itself waits only for its own limits, fds, directory and exec."""
     os.setsid()
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
-    os.dup2(spec_r, 3)
+    os.dup2(spec_r, SPEC_FD)
     os.dup2(os.memfd_create("stdin", 0), 0)
-    os.closerange(4, 1 << 16)
+    os.closerange(3, SPEC_FD)
+    os.closerange(SPEC_FD + 1, 1 << 16)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     os.setgroups([])
@@ -104,9 +120,20 @@ def prepare(spec_r, out_w, err_w):
     load_seccomp()
 
 
-def child(spec, stdin):
-    """The run: its stdin, limits and directory, then exec (or run Python here)."""
+def place_fds(fds, targets):
+    """Put the run's passed fds on the numbers the program expects (3..63)."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, SPEC_FD + 1) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(high, targets, strict=True):
+        os.dup2(fd, target)  # inheritable: kept across exec
+        os.close(fd)
+
+
+def child(spec, stdin, fds):
+    """The run: its stdin, fds, limits and directory, then exec (or run Python here)."""
     try:
+        place_fds(fds, spec.get("fds", []))
         view = memoryview(stdin)
         while view:
             view = view[os.write(0, view):]
@@ -207,40 +234,49 @@ class Waiting:
     gVisor): it blocks on a pipe until the run's spec and stdin arrive."""
 
     def __init__(self):
-        spec_r, self.spec_w = os.pipe()
+        spec_r, self.spec_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
             gc.disable()  # a collection would touch (copy) every page of the heap
             signal.set_wakeup_fd(-1)
+            self.spec_w.detach()  # closed by prepare(): no object may close it again
             try:
-                prepare(spec_r, out_w, err_w)
+                prepare(spec_r.detach(), out_w, err_w)
+                sock = socket.socket(fileno=SPEC_FD)
             except BaseException as e:  # never return into the server
                 os.write(2, ("trialbox: sandbox set-up failed: %r\n" % (e,)).encode())
                 os._exit(126)
-            chunks = []
+            chunks, fds = [], []
             while True:
-                b = os.read(3, 1 << 20)
+                b, anc, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+                for level, kind, fdata in anc:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        fds.extend(struct.unpack("%di" % (len(fdata) // 4),
+                                                 fdata[:len(fdata) - len(fdata) % 4]))
                 if not b:
                     break
                 chunks.append(b)
+            sock.close()
             data = b"".join(chunks)
             if not data:
                 os._exit(0)
             (n,) = struct.unpack_from("<I", data)
-            child(json.loads(data[4:4 + n]), data[4 + n:])
-        for fd in (spec_r, out_w, err_w):
+            child(json.loads(data[4:4 + n]), data[4 + n:], fds)
+        spec_r.close()
+        for fd in (out_w, err_w):
             os.close(fd)
 
-    def go(self, spec_bytes, stdin):
+    def go(self, spec_bytes, stdin, fds):
         data = struct.pack("<I", len(spec_bytes)) + spec_bytes + stdin
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.spec_w, view):]
+            sent = socket.send_fds(self.spec_w, [data], fds) if fds else 0
+            self.spec_w.sendall(data[sent:])
         finally:
-            os.close(self.spec_w)
+            self.spec_w.close()
+            for fd in fds:  # the child has them now
+                os.close(fd)
 
 
 SECCOMP_PATH = "/.tb/seccomp.bpf"
@@ -287,9 +323,9 @@ def reap(block=False):
         reaped[pid] = status
 
 
-def run(waiting, spec_bytes, stdin):
+def run(waiting, spec_bytes, stdin, fds):
     send(b"S")
-    waiting.go(spec_bytes, stdin)
+    waiting.go(spec_bytes, stdin, fds)
     pid = waiting.pid
     status = None
     readers = {waiting.out_r: b"O", waiting.err_r: b"E"}
@@ -364,8 +400,10 @@ def main():
             if itag != b"I":
                 send(b"X", json.dumps({"error": "protocol: I frame expected"}).encode())
                 continue
+            n = len(json.loads(payload).get("fds", []))
+            fds, INFDS[:n] = INFDS[:n], []
             try:
-                run(waiting, payload, stdin)
+                run(waiting, payload, stdin, fds)
             except OSError as e:
                 kill_all()
                 send(b"X", json.dumps({"error": "fork server: %s" % e}).encode())

@@ -37,10 +37,11 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,11 @@ class Engine:
     """Put the runtime process into the session's cgroup before it starts (runsc runs
     with --ignore-cgroups: its own cgroup set-up, with a pids limit, breaks it here)
     instead of naming the cgroup in the bundle (runc, crun)."""
+    ctl_fd: int = 3
+    """Where the fork server finds its control socket: 3, passed with --preserve-fds
+    (runc and crun copy a foreground container's stdio through pipes of their own, which
+    cannot carry fds); runsc (which has no --preserve-fds here) donates its stdin as it
+    is: 0."""
     hide_cgroup2: bool = False
     """Run the runtime in a mount namespace without the host's cgroup2 mount (crun
     refuses a hybrid v1 + empty v2 layout)."""
@@ -187,7 +193,7 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
         "process": {
             "user": {"uid": 0, "gid": 0},
             "args": [python, "-I", "-B", "/.tb/forkserver.py"],
-            "env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8"],
+            "env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8", f"TB_CTL_FD={engine.ctl_fd}"],
             "cwd": "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": True,
@@ -248,6 +254,8 @@ class Container:
         self.cid = f"{provider.id}-{sid}"
         self.cgroup = f"trialbox-oci/{provider.id}/{sid}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ctl: socket.socket | None = None
+        """Our end of the fork server's stdin (frames to it, with fds)."""
         self.chan: _Channel | None = None
         self.files: CellFiles | None = None
         self.hello: asyncio.Future[None] = provider.loop.create_future()
@@ -272,24 +280,39 @@ class Container:
         self.files = p.cgroups.open_files(self.cgroup)
         join = procs if p.engine.join_cgroup else []
 
-        def enter() -> None:  # in the child, before exec: into the session's cgroup
-            for path in join:
+        # The fork server's control channel is a unix socket, so fds can travel with a
+        # run (SCM_RIGHTS: `pass_fds`; gVisor imports them as host fds).
+        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs_fd, ctl_fd = theirs.fileno(), p.engine.ctl_fd
+
+        def enter() -> None:  # in the child, before exec
+            for path in join:  # into the session's cgroup
                 with open(path, "w") as fh:
                     fh.write("0")
             os.setsid()
+            if ctl_fd != 0:
+                os.dup2(theirs_fd, ctl_fd)
 
-        argv = p.engine.argv(p.runtime_root, "run", "--bundle", self.sdir, self.cid)
+        extra = ("--preserve-fds", "1") if ctl_fd != 0 else ()
+        argv = p.engine.argv(p.runtime_root, "run", *extra, "--bundle", self.sdir,
+                             self.cid)
         if self.limits.network:  # runsc: the host's network (others: no netns in the spec)
             argv = [("--network=host" if a == "--network=none" else a) for a in argv]
         logf = open(os.path.join(self.sdir, "runtime.log"), "ab")
         try:
             self.proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logf,
-                preexec_fn=enter, close_fds=True, cwd=self.sdir,
+                stdin=theirs_fd if ctl_fd == 0 else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=logf, preexec_fn=enter, close_fds=True,
+                pass_fds=(ctl_fd,) if ctl_fd != 0 else (), cwd=self.sdir,
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+        except BaseException:
+            ctl.close()
+            raise
         finally:
+            theirs.close()
             logf.close()
+        self.ctl = ctl
         assert self.proc.stdout is not None
         fd = os.dup(self.proc.stdout.fileno())
         self.proc.stdout.close()
@@ -321,13 +344,15 @@ class Container:
         except OSError:
             return "(no log)"
 
-    def send(self, *frames: tuple[bytes, bytes]) -> None:
-        """Frames (tag, payload) to the fork server, in one write."""
-        if self.proc is None or self.proc.stdin is None or self.dead:
+    def send(self, *frames: tuple[bytes, bytes], fds: Sequence[int] = ()) -> None:
+        """Frames (tag, payload) to the fork server, in one write; `fds` ride with its
+        first byte."""
+        if self.ctl is None or self.dead:
             raise SandboxStartError("the session's container is gone")
-        self.proc.stdin.write(b"".join(HEADER.pack(tag, len(payload)) + payload
-                                       for tag, payload in frames))
-        self.proc.stdin.flush()
+        data = b"".join(HEADER.pack(tag, len(payload)) + payload for tag, payload in frames)
+        sent = socket.send_fds(self.ctl, [data], list(fds)) if fds else 0
+        if sent < len(data):
+            self.ctl.sendall(data[sent:])
 
     def destroy(self) -> None:
         """Kill and delete the container, its cgroup and processes. Blocking, idempotent."""
@@ -340,11 +365,9 @@ class Container:
             self.files = None
         p = self.provider
         if self.proc is not None:
-            if self.proc.stdin is not None:
-                try:
-                    self.proc.stdin.close()  # EOF: the fork server kills all and exits
-                except OSError:
-                    pass
+            if self.ctl is not None:
+                self.ctl.close()  # EOF: the fork server kills all and exits
+                self.ctl = None
             try:
                 self.proc.wait(timeout=2)
             except subprocess.TimeoutExpired:

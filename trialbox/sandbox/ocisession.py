@@ -23,6 +23,7 @@ from typing import Any
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError
 from trialbox.sandbox import mounts
+from trialbox.sandbox.namespace import _check_pass_fds, _close_quietly
 from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S, Container,
                                   OciProvider)
 from trialbox.sandbox.pool import BASE_ENV
@@ -147,14 +148,7 @@ class OciSession:
                    pass_fds: Mapping[int, int] | None = None,
                    last: bool = False) -> ExecResult:
         self._check_open()
-        if pass_fds:
-            for fd in pass_fds.values():
-                try:
-                    os.close(fd)
-                except (OSError, TypeError):
-                    pass
-            raise UsageError(f"pass_fds is not supported by the {self.tier} tier (host "
-                             "fds cannot enter the sandbox); use the namespace tier")
+        targets = _check_pass_fds(pass_fds)
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a trialbox.types.Limits, got "
                              f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
@@ -165,28 +159,40 @@ class OciSession:
         if not isinstance(stdin, (bytes, bytearray, memoryview)):
             raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
         spec = self._spec(argv, env, cwd, limits)
+        spec["fds"] = targets
+        passed = [pass_fds[t] for t in targets] if pass_fds else []
         async with self._lock:
-            self._check_open()
-            for _attempt in range(2):
-                if self.container is None or not self.container.alive:
-                    if self.container is not None:
-                        old, self.container = self.container, None
-                        await self.provider.loop.run_in_executor(None, old.destroy)
-                    try:
-                        await self.start_container()
-                    except (SandboxStartError, SandboxUnavailable, OSError) as e:
-                        return self._infra(f"no sandbox could be started: {e}")
-                assert self.container is not None
-                run = _Run(self, self.container, spec, bytes(stdin), limits)
-                self._run = run
+            try:
+                self._check_open()
+                return await self._exec(spec, bytes(stdin), limits, passed)
+            finally:
+                for fd in passed:  # ours to close once handed over (or on any failure)
+                    _close_quietly(fd)
+
+    async def _exec(self, spec: dict[str, Any], stdin: bytes, limits: Limits,
+                    passed: list[int]) -> ExecResult:
+        had_fds = bool(passed)
+        for _attempt in range(2):
+            if self.container is None or not self.container.alive:
+                if self.container is not None:
+                    old, self.container = self.container, None
+                    await self.provider.loop.run_in_executor(None, old.destroy)
                 try:
-                    result = await run.run()
-                finally:
-                    self._run = None
-                if not run.started and result.status is ExecStatus.INFRA:
-                    continue  # nothing of the candidate's ran: once more, fresh container
+                    await self.start_container()
+                except (SandboxStartError, SandboxUnavailable, OSError) as e:
+                    return self._infra(f"no sandbox could be started: {e}")
+            assert self.container is not None
+            run = _Run(self, self.container, spec, stdin, limits, passed)
+            self._run = run
+            try:
+                result = await run.run()
+            finally:
+                self._run = None
+            # Nothing of the candidate's ran: once more on a fresh container (unless
+            # fds were passed: they went with the broken one).
+            if run.started or result.status is not ExecStatus.INFRA or had_fds:
                 break
-            return result
+        return result
 
     def _infra(self, message: str) -> ExecResult:
         return ExecResult(status=ExecStatus.INFRA, message=message,
@@ -257,8 +263,9 @@ class _Run:
     """One run in one session's container: send, read, time, kill, measure, classify."""
 
     def __init__(self, sb: OciSession, c: Container, spec: dict[str, Any], stdin: bytes,
-                 limits: Limits):
+                 limits: Limits, passed: list[int]):
         self.sb, self.c, self.spec, self.stdin, self.limits = sb, c, spec, stdin, limits
+        self.passed = passed
         self.loop = sb.provider.loop
         self.out, self.err = bytearray(), bytearray()
         self.out_total = self.err_total = 0
@@ -332,11 +339,15 @@ class _Run:
         c.on_frame, c.on_eof = self._frame, self._eof
         self.t_go = time.monotonic()
         try:
-            c.send((b"R", json.dumps(self.spec).encode()), (b"I", self.stdin))
+            c.send((b"R", json.dumps(self.spec).encode()), (b"I", self.stdin),
+                   fds=self.passed)
         except (OSError, SandboxStartError) as e:
             c.dead = True
             c.on_frame = c.on_eof = None
             return self.sb._infra(f"could not start the run: {e}")
+        for fd in self.passed:  # handed over: EOF on their peers now means the run is gone
+            _close_quietly(fd)
+        self.passed.clear()
         self._timer = self.loop.call_later(POLL_S, self._poll)
         try:
             try:
