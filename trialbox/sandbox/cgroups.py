@@ -156,8 +156,7 @@ class CellFiles:
             self._limit("cpu_limit", str(int(limits.cpus * CFS_PERIOD_US)))
             self._write("peak", "0")  # v1: resets max_usage to the current usage
             if "tcp_limit" in self.fds:  # socket buffers: a counter of their own on v1
-                self._limit("tcp_limit", str(socket_bytes(limits)))
-                self._write("tcp_peak", "0")
+                self._limit("tcp_limit", str(socket_bytes(limits)))  # (peak: end_run)
         else:
             if usage > mem:  # v2 would OOM-kill the waiting candidate: reclaim first
                 if "reclaim" in self.fds:
@@ -183,7 +182,10 @@ class CellFiles:
         cell's peak less what the run started with within `carry`, plus (v1) the peak
         of its socket buffers, which that kernel counts apart."""
         now = self.snapshot()
-        sockets = _pread_int(self.fds["tcp_peak"]) if "tcp_peak" in self.fds else 0
+        sockets = 0
+        if "tcp_peak" in self.fds:  # read, then reset for the next run (off its start)
+            sockets = _pread_int(self.fds["tcp_peak"])
+            self._write("tcp_peak", "0")
         return CellStats(cpu_ns=now.cpu_ns - self.base.cpu_ns,
                          peak_bytes=max(0, now.peak_bytes - self.carried) + sockets,
                          oom_kills=now.oom_kills - self.base.oom_kills,

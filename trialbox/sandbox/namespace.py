@@ -215,7 +215,6 @@ class NamespaceSandbox:
         passed = [pass_fds[t] for t in targets] if pass_fds else []
         async with self._lock:
             self._check_open()
-            self._restore_roots()
             for _attempt in range(2):
                 try:
                     cell = await self._cell()
@@ -227,6 +226,7 @@ class NamespaceSandbox:
                     result = await run.run()
                 finally:
                     self._current = None
+                    self._restore_roots()  # for the next run; off its start's path
                 if result.status is ExecStatus.INFRA or not cell.alive or run.held_open:
                     self._drop_cell()  # the next run gets a fresh cell; files are kept
                 # A cell that broke before the program's first instruction ran nothing of
@@ -239,10 +239,10 @@ class NamespaceSandbox:
             return result
 
     def _restore_roots(self) -> None:
-        """Give the session's three roots (workspace, /tmp, /dev/shm) back their mode:
-        the candidate owns them and may have made them unusable (chmod 000) in an
-        earlier run. They are mount points inside the cell, so it cannot remove or
-        replace them; below them, whatever it did is its own (start_program)."""
+        """Give the session's three roots (workspace, /tmp, /dev/shm) back their mode
+        after each run: the candidate owns them and may have made them unusable (chmod
+        000) for the next. They are mount points inside the cell, so it cannot remove
+        or replace them; below them, whatever it did is its own (start_program)."""
         for path in self.mount_sources:
             try:
                 os.chmod(path, 0o700)  # root-owned parent: never a link
