@@ -57,7 +57,8 @@ def send(tag, data=b""):
         view = view[n:]
 
 
-CTL = socket.socket(fileno=IN)  # our stdin: a unix socket, so fds can come with a run
+CTL = None
+"""The control socket as a socket object (main): fds can come with a run."""
 INFDS = []
 """Fds received and not yet handed to a run."""
 INBUF = bytearray()
@@ -363,11 +364,14 @@ def run(waiting, spec_bytes, stdin, fds):
     send(b"X", json.dumps({"status": status}).encode())
 
 
-WAKE = os.pipe()
+WAKE = (-1, -1)
+"""SIGCHLD's wakeup pipe (main)."""
 
 
 def main():
-    global FILTER
+    global FILTER, CTL, WAKE
+    CTL = socket.socket(fileno=IN)
+    WAKE = os.pipe()
     try:
         with open(SECCOMP_PATH, "rb") as f:
             FILTER = f.read()
