@@ -283,8 +283,13 @@ def test_d_memory_limit_does_not_ratchet_across_runs(runner):
             out = [await run_code(sb, SHM_HOLD) for _ in range(5)]
             assert sb.cell is not None and sb.cell.files is not None
             held = sb.cell.files.snapshot().usage_bytes
-            return out, held
-    results, held = runner.run(body())
+            # a run allowed less than the session now holds does not start at all
+            small = await sb.exec(["python3", "-c", "print(1)"],
+                                  limits=lim.with_(memory_mb=16))
+            return out, held, small
+    results, held, small = runner.run(body())
+    assert small.status is ExecStatus.MEMORY and "not started" in small.message, \
+        describe(small)
     for r in results:
         assert r.status in (ExecStatus.OK, ExecStatus.MEMORY), describe(r)
     ok = sum(r.status is ExecStatus.OK for r in results)
