@@ -320,6 +320,9 @@ class Grade:
     candidate_peak_memory_bytes: int = 0
     attempts: int = 1
     """How many times the machinery had to try (infra failures are retried)."""
+    seed: int | None = None
+    """The seed of the trusted test's `random` in the attempt graded (function tasks: a
+    per-attempt secret); a re-grade given it sees the same draws."""
 
     @property
     def passed(self) -> bool:

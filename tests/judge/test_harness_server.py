@@ -41,21 +41,22 @@ def judge_in_turn(runner, config, *jobs):
 def test_one_server_serves_many_jobs_and_jobs_do_not_share_state(runner):
     """Test code that changes module state in one job does not see it in the next: the
     server puts back module globals, sys.path, the recursion limit and the modules a
-    job imported, and reseeds `random`, so unseeded draws are the same in every job."""
+    job imported, and seeds `random` from the job's seed (here given: 1234), so the
+    draws of one job do not move those of the next."""
     leaky = task("import json; json.leaked = getattr(json, 'leaked', 0) + 1",
                  "import json; assert json.leaked == 1, json.leaked",
                  "import sys; assert '/leak' not in sys.path; sys.path.append('/leak')",
                  "import sys; assert sys.getrecursionlimit() != 1077; "
                  "sys.setrecursionlimit(77 + 1000)",
                  "import sys; assert 'colorsys' not in sys.modules; import colorsys",
-                 "import random; assert random.random() == random.Random(0).random()",
+                 "import random; assert random.random() == random.Random(1234).random()",
                  "assert candidate(2, 3) == 5")
 
     async def body():
         harness = await open_harness(runner.pool, FAST)
         try:
-            grades = [await judge_function(leaky, GOOD, runner.pool, FAST, harness)
-                      for _ in range(4)]
+            grades = [await judge_function(leaky, GOOD, runner.pool, FAST, harness,
+                                           seed=1234) for _ in range(4)]
             server = _servers[harness]
             return grades, server.seq, server.alive
         finally:
@@ -78,9 +79,13 @@ def test_a_hung_test_job_is_killed_and_the_server_goes_on(runner):
     runner.assert_no_leaks()
 
 
-def test_a_server_killed_mid_job_is_infra_and_retried(runner):
-    """Kill the harness session's server while it runs a job: that attempt is an
-    infrastructure failure, retried on a new server; the grade passes on the retry."""
+def test_a_server_killed_mid_job_is_checked_by_a_control_and_not_retried(runner):
+    """Kill the harness session's server while it runs a job: the attempt would be an
+    infrastructure failure, but a control (the trivial program) then gets a verdict on
+    a new server, so the machinery is proven to work and the failure is scored as the
+    candidate's (retry.py: an exclusion is proven, never assumed) — FAILED, flagged
+    `self_inflicted_infra`, with no second try. The price of the rule: a fault that
+    clears before its control runs counts against the candidate (docs/adversary.md)."""
     slow = task("import time; time.sleep(1.0)", "assert candidate(2, 2) == 4")
 
     async def body():
@@ -94,8 +99,10 @@ def test_a_server_killed_mid_job_is_infra_and_retried(runner):
         finally:
             await harness.close()
     g = runner.run(body())
-    assert g.outcome is Outcome.PASSED and g.attempts == 2, (g.outcome, g.message,
+    assert g.outcome is Outcome.FAILED and g.attempts == 1, (g.outcome, g.message,
                                                              g.attempts)
+    assert "self_inflicted_infra" in g.flags and g.pass_rate == 0.0
+    assert "stopped answering" in g.message and "a trivial program" in g.message, g.message
     runner.assert_no_leaks()
 
 
@@ -146,9 +153,9 @@ def test_answers_that_make_a_trusted_test_overrun_are_the_candidates_timeout(run
 def test_with_no_reference_an_overrun_is_the_candidates_timeout_when_no_candidate_is_fast(
         runner):
     """A task with no reference solution: the same quadratic check overruns on the
-    flood answer; run again with no candidate answering (every call raises), the test
-    stops at its call and finishes in time, so the overrun is the candidate's TIMEOUT
-    (reward 0), not an exclusion a failing policy could aim for. A test that is slow
+    flood answer; the control, a trivial program whose every call answers None, gets
+    a verdict in time, so the overrun is the candidate's TIMEOUT (reward 0), not an
+    exclusion a failing policy could aim for. A test that is slow
     before any call overruns with no candidate too: a broken task, excluded (ERROR) —
     for every candidate alike (the tests above: a hung test stays ERROR)."""
     quadratic = Task("t/uniq-noref", TaskKind.FUNCTION, "def ids(n):\n", entry_point="ids",
@@ -163,7 +170,7 @@ def test_with_no_reference_an_overrun_is_the_candidates_timeout_when_no_candidat
         (quadratic, "    return list(range(n))\n"),
         (slow_first, "    return list(range(n))\n"))
     assert g_flood.outcome is Outcome.TIMEOUT, (g_flood.outcome, g_flood.message)
-    assert "no candidate answering" in g_flood.message
+    assert "a trivial program" in g_flood.message and "self_inflicted_infra" in g_flood.flags
     assert [t.passed for t in g_flood.tests] == [False, False]
     assert g_ok.outcome is Outcome.PASSED, g_ok.message
     assert g_slow.outcome is Outcome.ERROR and "deadline" in g_slow.message, \

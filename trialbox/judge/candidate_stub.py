@@ -4,10 +4,12 @@ interpreter, else imported from the copy in /workspace), next to `solution.py`.
 
 It loads the solution, then serves calls from the trusted harness over fd 3: each
 request is a frame (4-byte big-endian length + codec bytes) holding [call id, args];
-each answer is [call id, "ok", value] / [call id, "raised", text] /
-[call id, "bad_return", text]. Nothing here is trusted: the candidate shares this process
-and may rewrite any of it. Whatever comes back over fd 3 is only ever decoded as plain
-data by the harness and compared there — so tampering can make tests fail, never pass.
+each answer is [call id, "ok", value] / [call id, "raised", [name, args]] (the nearest
+built-in class of the exception and its args, as plain data: the harness raises that
+built-in class in the test) / [call id, "bad_return", text]. Nothing here is trusted:
+the candidate shares this process and may rewrite any of it. Whatever comes back over
+fd 3 is only ever decoded as plain data by the harness and compared there — so
+tampering can make tests fail, never pass.
 
 Standalone: imports nothing from trialbox (it is copied into the sandbox).
 """
@@ -105,14 +107,33 @@ def _frame(obj):
 
 
 def send(obj):
-    data = _frame(obj)
+    _write(_frame(obj))
+
+
+def _write(data):
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
         view = view[os.write(CHANNEL, view):]
 
 
-def _short(exc):
-    return ("%s: %s" % (type(exc).__name__, exc))[:2000]
+def _raised(call_id, exc):
+    """The "raised" answer for `exc`: [name, args] of its nearest built-in class (a
+    class of the solution's own crosses as the built-in it derives from), args as plain
+    data or, failing that, its text."""
+    try:
+        cls = next(c for c in type(exc).__mro__ if c.__module__ == "builtins")
+        name = cls.__name__
+    except Exception:
+        name = "Exception"
+    try:
+        return _frame([call_id, "raised", [name, list(exc.args)]])
+    except Exception:
+        pass
+    try:
+        text = str(exc)[:2000]
+    except Exception:
+        text = ""
+    return _frame([call_id, "raised", [name, [text]]])
 
 
 def _read_source():
@@ -154,7 +175,7 @@ def main():
         try:
             value = fn(*args)
         except BaseException as e:
-            send([call_id, "raised", _short(e)])
+            _write(_raised(call_id, e))
             continue
         try:
             send([call_id, "ok", value])

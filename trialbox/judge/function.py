@@ -12,8 +12,14 @@ Test code and expected answers never enter the candidate's process; values cross
 plain data through `codec.py` (exact builtin types only), so an always-equal object,
 patched builtins, an early exit, forged output or a walk up the stack cannot make a test
 pass. The only evidence is the harness's result line, checked against a fresh nonce the
-candidate never sees. Infrastructure failures are retried and, if they persist, graded
-`infra` (reward None) — never as a wrong answer.
+candidate never sees.
+
+An attempt that would be excluded (`infra`, or a broken task: `error`) is checked
+against a control on the same machinery first (retry.py): the task's reference solution,
+or a trivial program that answers None. If the control gets a verdict, the failure was
+the candidate's (failed, reward 0, flag `self_inflicted_infra`, no second try); only if
+the control fails too is it retried and, if it persists, excluded (reward None). The
+trusted test's `random` is seeded from a per-attempt secret, recorded as `Grade.seed`.
 """
 
 from __future__ import annotations
@@ -31,12 +37,12 @@ from functools import cache
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.retry import with_infra_retries
+from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra_retries
 from trialbox.judge.anticheat import (
+    BOUNDARY_DETECTORS,
     CHEAT_DETECTORS,
     canary_check,
     dynamic_scan,
-    is_cheat,
     static_scan,
 )
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -277,12 +283,15 @@ async def reference_times(task: Task, pool: CellPool, config: JudgeConfig | None
 async def judge_function(task: Task, completion: str, pool: CellPool,
                          config: JudgeConfig | None = None,
                          harness: NamespaceSandbox | None = None,
-                         reference: dict[str, float] | None = None) -> Grade:
+                         reference: dict[str, float] | None = None,
+                         seed: int | None = None) -> Grade:
     """Grade `completion` (appended to `task.prompt`) against the task's tests.
 
     `harness`: a session from `open_harness` to reuse (saves a sandbox per attempt);
     without one, a harness session is opened and closed here. `reference`: per-test
-    times from `reference_times`, used when `config.time_scale` is set."""
+    times from `reference_times`, used when `config.time_scale` is set. `seed`: the
+    trusted test's `random` seed (default: a fresh secret per attempt; pass a grade's
+    `seed` to re-grade it with the same draws)."""
     config = config or JudgeConfig()
     if task.kind is not TaskKind.FUNCTION or not task.entry_point:
         raise UsageError(f"{task.task_id}: judge_function needs a FUNCTION task with an "
@@ -290,76 +299,49 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
     if not isinstance(completion, str):
         raise UsageError(f"{task.task_id}: the completion must be a str, got "
                          f"{type(completion).__name__}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise UsageError(f"{task.task_id}: seed must be an int or None, got {seed!r}")
+    return await _judge(task, completion, pool, config, harness, reference or {}, seed,
+                        with_control=True)
+
+
+async def _judge(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
+                 harness: NamespaceSandbox | None, reference: dict[str, float],
+                 seed: int | None, with_control: bool) -> Grade:
+    program, name = control_program(task)
+    control = None
+    if with_control and completion != program:
+        async def control() -> Control:
+            g = await _judge(task, program, pool, replace(config, retries=0), harness,
+                             reference, None, with_control=False)
+            return control_of(name, g, reference=bool(task.canonical_solution))
     grade = await with_infra_retries(
-        lambda: _attempt(task, completion, pool, config, harness, reference or {}),
-        config.retries, task.task_id)
-    if (grade.outcome is Outcome.ERROR and _PAST_DEADLINE in grade.message
-            and completion != task.canonical_solution):
-        # A trusted test overran the job's deadline. Broken task (excluded) or the
-        # candidate's doing — answers, within the codec's limits, that make the test's
-        # own code slow? Exclusion would let a failing policy escape its zero. Rare, so
-        # the cost of deciding (one more judgement) is paid only here.
-        if task.canonical_solution:
-            # The reference solution decides: if it passes every test in time, the
-            # overrun is the candidate's TIMEOUT.
-            ref = await judge_function(task, task.canonical_solution, pool, config,
-                                       harness, reference)
-            if ref.passed:
-                grade = replace(grade, outcome=Outcome.TIMEOUT, message=(
-                    f"{grade.message}; the reference solution passes every test in "
-                    "time, so the candidate's answers made the trusted test overrun"))
-        else:
-            slow = next((t.name for t in grade.tests if _PAST_DEADLINE in t.message), "")
-            if slow and not await _overruns_with_no_candidate(task, slow, pool, config,
-                                                              harness):
-                grade = replace(grade, outcome=Outcome.TIMEOUT, message=(
-                    f"{grade.message}; with no candidate answering (every call raises) "
-                    "the tests up to it finish in time, so the candidate's answers made "
-                    "the trusted test overrun"))
+        lambda: _attempt(task, completion, pool, config, harness, reference, seed),
+        config.retries, task.task_id, control)
+    if SELF_INFLICTED in grade.flags and _PAST_DEADLINE in grade.message:
+        # The candidate's answers made trusted test code overrun its deadline: time.
+        grade = replace(grade, outcome=Outcome.TIMEOUT)
     return grade
 
 
-async def _overruns_with_no_candidate(task: Task, test_name: str, pool: CellPool,
-                                      config: JudgeConfig,
-                                      harness: NamespaceSandbox | None) -> bool:
-    """Whether the task's tests up to `test_name` still overrun the job's deadline when
-    no candidate answers: a stand-in whose every call raises at once (harness_program,
-    "stand_in"). For tasks with no reference solution.
-
-    Why this settles it: the overrun needs the candidate only if the trusted code got
-    somewhere slow with the candidate's answers; with none, each test stops at its first
-    call. If the tests overrun even so, the slow part comes before any call (or on the
-    path a failed call takes): every candidate, right or wrong, would overrun there —
-    a broken task, excluded for all, so no wrong answer escapes its zero. If they finish
-    in time, the candidate's answers made the difference: TIMEOUT, reward 0. The cost of
-    this choice: a test that is slow after its first call whatever the answer (a broken
-    task too) scores every candidate 0 instead of excluding it — a task nobody can pass,
-    visible as such, rather than an exclusion a failing policy could aim for. Returns
-    True (keep the exclusion) when the question cannot be asked (the harness failed)."""
-    names = [t.name for t in (*task.hidden_tests, *task.visible_tests)]
-    job = _job(task, config, {})
-    job["tests"] = job["tests"][:names.index(test_name) + 1] if test_name in names \
-        else job["tests"]
-    job["stand_in"] = True
-    own = harness is None
-    h = harness or await open_harness(pool, config)
-    ours, theirs = socket.socketpair()
-    try:
-        report, _why, broken = await _server_for(h, config).job(
-            job, secrets.token_hex(16), ours, _job_deadline(job, config))
-    finally:
-        theirs.close()
-        if own:
-            await h.close()
-    return broken or report is None or bool(report.get("deadline"))
+def control_program(task: Task) -> tuple[str, str]:
+    """The completion a control runs for `task` (retry.py) and its name: the reference
+    solution when the task has one, else a trivial program whose every call answers
+    None (appended to the prompt, it redefines the entry point)."""
+    if task.canonical_solution:
+        return task.canonical_solution, "the reference solution"
+    return (f"\n    pass\n\n\ndef {task.entry_point}(*args, **kwargs):\n    return None\n",
+            "a trivial program (every call answers None)")
 
 
 async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
-                   shared: NamespaceSandbox | None, reference: dict[str, float]) -> Grade:
+                   shared: NamespaceSandbox | None, reference: dict[str, float],
+                   seed: int | None) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     job = _job(task, config, reference)
+    job["seed"] = seed = secrets.randbits(63) if seed is None else seed
     cand = await NamespaceSandbox.open(pool, config.candidate_limits)
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
@@ -371,7 +353,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
         except UsageError as e:  # e.g. a completion larger than the workspace
             return Grade(task.task_id, Outcome.FAILED, message=f"the solution could not be "
                          f"written to the candidate's workspace: {e}",
-                         wall_ms=round((time.monotonic() - t0) * 1e3, 3))
+                         wall_ms=round((time.monotonic() - t0) * 1e3, 3), seed=seed)
         if not _preloaded(pool):  # else `import` finds them in the warm interpreter
             await cand.write_file("_trialbox_codec.py", _program("codec.py"))
             await cand.write_file("_trialbox_stub.py", _program("candidate_stub.py"))
@@ -397,7 +379,7 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
         if shared is None:
             await harness.close()
     grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3, report)
-    return canary_check(_with_flags(grade, task, completion, rc), task)
+    return canary_check(_with_flags(replace(grade, seed=seed), task, completion, rc), task)
 
 
 def _job(task: Task, config: JudgeConfig, reference: dict[str, float]) -> dict[str, Any]:
@@ -437,19 +419,38 @@ def _server_result(report: dict[str, Any] | None, nonce: str, why: str, broken: 
 
 def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Grade:
     """Run the detectors. Flags never turn a failure into a pass; a cheat detector that
-    fires scores the attempt CHEAT (reward 0) and names itself. Excluded attempts
-    (infra, broken tests) stay excluded."""
+    fires scores the attempt CHEAT (reward 0) and names itself — whatever else the
+    attempt ended with: a flagged attempt is never excluded (infra or a broken task),
+    else a cheat could buy its exclusion by breaking the machinery as well.
+
+    The comparison tricks (`BOUNDARY_DETECTORS`: an always-equal class, a builtin
+    subclass overriding __eq__) are judged by what crossed the boundary, not by the
+    source's shape: no candidate object reaches the trusted test, so such a class is a
+    cheat only when the candidate tried to return an object the codec refused (a
+    sentinel used inside a correct solution — a -inf whose __lt__ is always True, a
+    MISSING never equal to anything — is only reported)."""
     flags = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
     flags += dynamic_scan(rc.stdout, rc.stderr)
     if not flags:
         return grade
-    names = tuple(sorted({f.detector for f in flags}))
-    if is_cheat(flags) and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
-        detail = "; ".join(f"{f.detector}: {f.detail}" for f in flags
-                           if f.detector in CHEAT_DETECTORS)
+    names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
+    returned = _returned_objects(grade)
+    cheats = [f for f in flags if f.detector in CHEAT_DETECTORS
+              and (f.detector not in BOUNDARY_DETECTORS or returned)]
+    if cheats:
+        detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
+        if returned and any(f.detector in BOUNDARY_DETECTORS for f in cheats):
+            detail += f" (and it returned one: {returned})"
         return replace(grade, outcome=Outcome.CHEAT, flags=names,
                        message=f"cheat detected — {detail}"[:2000])
     return replace(grade, flags=names)
+
+
+def _returned_objects(grade: Grade) -> str:
+    """The first test message saying the candidate returned what is not plain data (the
+    codec refused an object of its own), or ""."""
+    return next((t.message for t in grade.tests if t.message.startswith(
+        "the candidate returned") and "is not plain data" in t.message), "")
 
 
 def _grade(task: Task, tests: list[tuple[Any, bool]], nonce: str, rc: ExecResult,

@@ -12,11 +12,30 @@ answer. Each test is one statement; it passes only if it runs here without raisi
 The results are printed as one JSON line carrying the nonce read from stdin, which the
 candidate never sees — the judge accepts no other evidence.
 
+Whatever the candidate sends is plain data and is never formatted into a format
+string, so no frame, answer or exception text can crash this program; a frame that is
+malformed, oversized or garbled fails the call that waited for it (the candidate's
+failure). Limits hold before allocation: a frame's JSON values are counted from its
+bytes before the parser expands them (`_json_values`: 16 MiB of `[],` would be ~385 MB
+of lists), and an answer whose values could flood a trusted test's `set(...)` is
+refused (`_flooded`).
+
+Built-in exceptions cross as themselves: the stub sends the nearest built-in class of
+what the candidate raised (name and args, as plain data) and `_raised` builds that
+class here (never a class of the candidate's), so `except ValueError:` in a test
+matches a correct candidate. Everything else that goes wrong with a call raises
+`CandidateError`, a BaseException a test's `except Exception:` does not swallow.
+
+`random` is seeded before every job from the job's "seed", a per-attempt secret of the
+judge recorded in the grade (a re-grade with it sees the same draws).
+
 Standalone: imports nothing from trialbox (it is copied into the sandbox).
 """
 
+import builtins
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -27,19 +46,156 @@ import time
 import _trialbox_codec as codec  # preloaded in a judge pool, else the copy beside us
 
 CHANNEL = 3
-MAX_FRAME = 16 << 20
+MAX_FRAME = codec.MAX_SIZE
+KINDS = ("ready", "load_error", "ok", "raised", "bad_return")
 
 
-class CandidateError(Exception):
-    """The candidate did not answer a call with a plain value."""
+MAX_JSON_VALUES = 2 * codec.MAX_ITEMS
+"""JSON values the parser may build from one frame: at ~60 bytes a value at worst
+(objects, read as tuples of pairs), ~120 MB; a tagged value takes ~5 of them."""
+FLOOD_MIN_BYTES = 64
+"""Frames up to this size cannot hold MAX_SAME_HASH + 1 distinct numbers: not walked."""
+_CHUNK = 1 << 16
+
+
+def _json_values(data, limit):
+    """An upper bound on the JSON values the parser would build from `data`, from the
+    bytes alone: every value but the first follows a `[` or a `,`, and an object (read
+    as a tuple of two pairs) costs two more, outside strings. Counted over all the bytes
+    first (C speed); only if that exceeds `limit` are strings left out and the count
+    taken again, a chunk at a time so that no list of pieces grows with the input:
+    escaped backslashes and quotes removed, every remaining quote delimits a string."""
+    n = 1 + data.count(b"[") + data.count(b",") + 2 * data.count(b"{")
+    if n <= limit:
+        return n
+    bare = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    n, inside = 1, False
+    for at in range(0, len(bare), _CHUNK):
+        parts = bare[at:at + _CHUNK].split(b'"')
+        out = b"".join(parts[1 if inside else 0::2])
+        n += out.count(b"[") + out.count(b",") + 2 * out.count(b"{")
+        inside ^= len(parts) % 2 == 0  # an odd number of quotes in this chunk
+    return n
+
+
+def _hashable(value):
+    """The values in `value` whose hash a sender can choose: ints, floats, tuples and
+    frozensets (str and bytes hash with the interpreter's secret SipHash key)."""
+    found, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        t = type(v)
+        if t is int or t is float:
+            found.append(v)
+        elif t is list or t is set:
+            todo.extend(v)
+        elif t is dict:
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif t is tuple or t is frozenset:
+            found.append(v)
+            todo.extend(v)
+    return found
+
+
+def _flooded(values):
+    """Whether more than MAX_SAME_HASH *distinct* values among `values` share a hash.
+
+    Ints equal mod 2**61-1, and tuples or frozensets built from chosen hashes, collide
+    at will; a trusted test that puts them in a set or a dict — wherever they sit in
+    the answer, not only in one set (the codec checks those) — runs one quadratic C
+    call no alarm can interrupt. Equal values (a list of a thousand zeros) share a hash
+    harmlessly, so distinct ones are counted, by `==` against at most MAX_SAME_HASH + 1
+    representatives per hash: linear. Hashes are sorted, not counted in a dict (a
+    million of them would be ~80 MB)."""
+    limit = codec.MAX_SAME_HASH
+    if len(values) <= limit:
+        return False
+    hashes = []
+    for v in values:
+        try:
+            hashes.append(hash(v))
+        except TypeError:  # a tuple holding a list: no set can hold it
+            hashes.append(None)
+    ordered = sorted(h for h in hashes if h is not None)
+    if not any(map(int.__eq__, ordered, ordered[limit:])):  # no run over the limit
+        return False
+    heavy = {a for a, b in zip(ordered, ordered[limit:], strict=False) if a == b}
+    groups = {}
+    for h, v in zip(hashes, values, strict=True):
+        if h in heavy:
+            reps = groups.setdefault(h, [])
+            if not any(v == r for r in reps):
+                reps.append(v)
+                if len(reps) > limit:
+                    return True
+    return False
+
+
+class CandidateError(BaseException):
+    """The candidate did not answer a call with a plain value (or raised something that
+    is not a built-in exception). A BaseException: a test's `except Exception:` must not
+    take a crash, a timeout or a garbled answer for the exception it expects."""
+
+
+def _text(value, limit=1000):
+    """A candidate's plain value as text for a message, whatever it is (never a format
+    string's argument tuple; repr of a huge int raises ValueError)."""
+    try:
+        text = value if type(value) is str else repr(value)
+    except Exception:
+        text = "<a %s>" % type(value).__name__
+    return text[:limit]
+
+
+def _detail(e, limit=500):
+    """str(e), whatever its str() does (an AssertionError holding a 5,000-digit int
+    raises ValueError)."""
+    try:
+        return str(e)[:limit]
+    except Exception:
+        return "<unprintable>"
+
+
+def _exc_text(e, limit=500):
+    """`Type: message` of an exception, whatever its str() does."""
+    detail = _detail(e, limit)
+    return type(e).__name__ + (": " + detail if detail else "")
+
+
+def _raised(value):
+    """The exception to raise in the test for a call the candidate answered "raised":
+    `value` is [name, args]; a built-in Exception class of that name is built with the
+    args (plain data) and marked as the candidate's. Anything else — another name, a
+    BaseException-only class (SystemExit, KeyboardInterrupt), args the class refuses,
+    or the old text form — is a CandidateError: not trusted as a type."""
+    if type(value) is list and len(value) == 2 and type(value[0]) is str \
+            and type(value[1]) is list:
+        cls = getattr(builtins, value[0], None) if value[0].isidentifier() else None
+        if isinstance(cls, type) and issubclass(cls, Exception) and \
+                cls.__module__ == "builtins":
+            try:
+                exc = cls(*value[1])
+                exc._trialbox_candidate = True
+                return exc
+            except Exception:
+                pass
+        return CandidateError("the candidate raised %s" % _text(value[0], 100))
+    return CandidateError("the candidate raised " + _text(value))
+
+
+def _raised_text(e):
+    """A failed test's message for an exception the candidate raised."""
+    return "the candidate raised " + _exc_text(e)
 
 
 class _Channel:
     def __init__(self, fd, call_timeout):
         self.fd, self.call_timeout = fd, call_timeout
-        self.buf = b""
+        self.buf = bytearray()  # appended to in place: no copy of 16 MiB per read
         self.gone = ""
         self.next_id = 1
+        self.answers = []  # containers the candidate returned (see `call`)
 
     def _fill(self, deadline):
         while True:
@@ -55,19 +211,34 @@ class _Channel:
                 return
 
     def recv(self, deadline):
+        """The next frame from the candidate as [id, kind, value]. A frame over
+        MAX_FRAME ends the channel (what follows cannot be framed); one that does not
+        decode, or is not [int, one of KINDS, value], fails the call that waits."""
         while True:
             if len(self.buf) >= 4:
                 (n,) = struct.unpack(">I", self.buf[:4])
                 if n > MAX_FRAME:
-                    self.gone = "the candidate sent an oversized frame"
+                    self.gone = "the candidate sent an oversized frame (%d bytes)" % n
                     raise CandidateError(self.gone)
                 if len(self.buf) >= 4 + n:
-                    body, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+                    body = bytes(self.buf[4:4 + n])
+                    del self.buf[:4 + n]
+                    if _json_values(body, MAX_JSON_VALUES) > MAX_JSON_VALUES:
+                        raise CandidateError(
+                            "unreadable answer: more than %d JSON values (at most %d "
+                            "values), refused before parsing" % (MAX_JSON_VALUES,
+                                                                 codec.MAX_ITEMS))
                     try:
                         msg = codec.decode(body)
-                    except codec.CodecError as e:
-                        raise CandidateError("unreadable answer: %s" % e) from None
-                    if type(msg) is not list or len(msg) != 3 or type(msg[0]) is not int:
+                    except (codec.CodecError, MemoryError, RecursionError) as e:
+                        raise CandidateError("unreadable answer: " + _exc_text(e)) from None
+                    if n > FLOOD_MIN_BYTES and _flooded(_hashable(msg)):
+                        raise CandidateError(
+                            "unreadable answer: hash flooding: more than %d distinct values "
+                            "share one hash (a set of them is quadratic to build)"
+                            % codec.MAX_SAME_HASH)
+                    if type(msg) is not list or len(msg) != 3 or type(msg[0]) is not int \
+                            or type(msg[1]) is not str or msg[1] not in KINDS:
                         raise CandidateError("malformed answer")
                     return msg
             self._fill(deadline)
@@ -86,7 +257,12 @@ class _Channel:
         try:
             self.send([call_id, list(args)])
         except codec.CodecError as e:
-            raise TestDataError("the test's arguments are not plain data: %s" % e) from None
+            if self._carries_answer(args):  # e.g. an answer fed back one level too deep
+                raise CandidateError("the candidate's own answer, passed back to it by the "
+                                     "test, is not plain data within the codec's limits: "
+                                     + _exc_text(e)) from None
+            raise TestDataError("the test's arguments are not plain data: %s" % (e,)) \
+                from None
         except OSError:
             self.gone = "the candidate process ended"
             raise CandidateError(self.gone) from None
@@ -99,10 +275,33 @@ class _Channel:
             if got_id != call_id:
                 continue  # the late answer to a call that already timed out
             if kind == "ok":
+                if type(value) in (list, tuple, dict, set, frozenset):
+                    self.answers.append(value)
                 return value
             if kind == "raised":
-                raise CandidateError("the candidate raised %s" % value)
-            raise CandidateError("the candidate returned %s" % value)
+                raise _raised(value)
+            if kind == "bad_return":
+                raise CandidateError("the candidate returned " + _text(value))
+            raise CandidateError("malformed answer: a %s frame during a call"
+                                 % _text(kind, 40))
+
+    def _carries_answer(self, args, budget=1 << 20):
+        """Whether `args` holds (by identity) a container the candidate returned: then
+        its not being plain data within the codec's limits is the candidate's doing.
+        Walks at most `budget` values."""
+        mine = {id(a) for a in self.answers}
+        todo = [args]
+        while todo and budget > 0:
+            v = todo.pop()
+            budget -= 1
+            if id(v) in mine:
+                return True
+            if type(v) in (list, tuple, set, frozenset):
+                todo.extend(v)
+            elif type(v) is dict:
+                todo.extend(v.keys())
+                todo.extend(v.values())
+        return False
 
 
 class TestDataError(Exception):
@@ -110,7 +309,6 @@ class TestDataError(Exception):
 
 
 PAST_DEADLINE = "the test ran past the job's deadline"
-STAND_IN = "no candidate: the stand-in answers no call"
 NOT_RUN = "not run: the job's deadline had passed"
 
 
@@ -137,31 +335,25 @@ def _compiled(source, name):
 
 
 def run_job(job, nonce, channel_fd):
-    """Run one task's tests against the candidate on `channel_fd`; the report dict.
-
-    A job with "stand_in" runs the tests with no candidate at all: every call raises
-    CandidateError at once (the judge asks whether a test overruns its deadline even
-    then; function.py, judge_function)."""
+    """Run one task's tests against the candidate on `channel_fd`; the report dict."""
+    random.seed(job.get("seed"))  # the judge's per-attempt secret (None: from urandom)
     chan = _Channel(channel_fd, job["call_timeout"])
     out = {"nonce": nonce, "load": "", "setup_error": "", "results": []}
-    if job.get("stand_in"):
-        chan.gone = STAND_IN
-    else:
-        try:
-            _, kind, value = chan.recv(time.monotonic() + job["load_timeout"])
-            if kind != "ready":
-                out["load"] = "the solution failed to load: %s" % value
-        except TimeoutError:
-            out["load"] = "the solution did not load within %.1f s" % job["load_timeout"]
-        except CandidateError as e:
-            out["load"] = "the solution failed to load: %s" % e
+    try:
+        _, kind, value = chan.recv(time.monotonic() + job["load_timeout"])
+        if kind != "ready":
+            out["load"] = "the solution failed to load: " + _text(value, 2000)
+    except TimeoutError:
+        out["load"] = "the solution did not load within %.1f s" % job["load_timeout"]
+    except CandidateError as e:
+        out["load"] = "the solution failed to load: " + _exc_text(e, 2000)
     namespace = {"__name__": "__trialbox_test__"}
     try:
         exec(_compiled(job["setup"], "test_setup"), namespace)
     except JobDeadline:
         raise
     except BaseException as e:
-        out["setup_error"] = "%s: %s" % (type(e).__name__, e)
+        out["setup_error"] = _exc_text(e, 2000)
     proxy = lambda *args: chan.call(args)  # noqa: E731
     namespace["candidate"] = proxy
     namespace[job["entry_point"]] = proxy  # tests may call the function by its own name
@@ -187,12 +379,16 @@ def run_job(job, nonce, channel_fd):
                 exec(code, namespace)
                 passed, message = True, ""
             except AssertionError as e:
-                passed, message = False, "assertion failed" + (": %s" % e if str(e) else "")
+                if getattr(e, "_trialbox_candidate", False):
+                    passed, message = False, _raised_text(e)
+                else:
+                    text = _detail(e)
+                    passed, message = False, "assertion failed" + (": " + text if text else "")
             except CandidateError as e:
-                passed, message = False, str(e)
+                passed, message = False, _detail(e, 1000)
             except TestDataError as e:
-                passed, message = False, "test error: %s" % e
-                out["setup_error"] = out["setup_error"] or str(e)
+                passed, message = False, "test error: " + _exc_text(e)
+                out["setup_error"] = out["setup_error"] or _exc_text(e)
             except JobDeadline:
                 # The job's deadline passed inside this test: the test fails and the
                 # report names it. Whose fault that is — the candidate's answers made
@@ -201,7 +397,8 @@ def run_job(job, nonce, channel_fd):
                 out["deadline"] = test["name"]
                 passed, message = False, PAST_DEADLINE
             except BaseException as e:  # e.g. a wrong type the test cannot compare
-                passed, message = False, "%s: %s" % (type(e).__name__, str(e)[:500])
+                passed, message = False, (_raised_text(e) if getattr(
+                    e, "_trialbox_candidate", False) else _exc_text(e))
         out["results"].append({"name": test["name"], "passed": passed,
                                "message": message[:1000],
                                "ms": round((time.monotonic() - t0) * 1000, 3)})
@@ -267,10 +464,9 @@ class _Baseline:
     """What a job may change in this process and must not leave to the next one: the
     globals of every loaded module (restored shallowly: rebinding `json.x` is undone,
     mutating an object json.x refers to is not), modules a job imported (forgotten, so
-    the next job imports them afresh), sys.path, the recursion limit, warning filters,
-    and the random module's state (reseeded, so tests that draw without a seed see the
-    same draws in every job). Dicts whose version tag (`_dict_versions`) has not moved
-    since the last restore are unchanged and skipped."""
+    the next job imports them afresh), sys.path, the recursion limit and warning filters
+    (`random` is seeded by run_job from the job's own seed). Dicts whose version tag
+    (`_dict_versions`) has not moved since the last restore are unchanged and skipped."""
 
     def __init__(self):
         self.modules = dict(sys.modules)
@@ -292,7 +488,6 @@ class _Baseline:
         self.seen = {name: view.value for name, view in self.views}
 
     def restore(self):
-        import random
         changed = [name for name, view in self.views if view.value != self.seen[name]]
         if not self.views:  # no version tags: compare everything
             changed = [None, *self.globals]
@@ -322,7 +517,6 @@ class _Baseline:
         sys.setrecursionlimit(self.recursion)
         self.warnings.filters[:] = self.filters
         self.warnings._filters_mutated()
-        random.seed(0)
 
 
 def _warm_up():
@@ -405,8 +599,7 @@ def serve():
             reply["ok"], reply["why"] = False, (
                 "the test job ran past its %.1f s deadline" % req["deadline"])
         except BaseException as e:  # the job's machinery, not a test, failed
-            reply["ok"], reply["why"] = False, "the test job crashed: %s: %s" % (
-                type(e).__name__, str(e)[:300])
+            reply["ok"], reply["why"] = False, "the test job crashed: " + _exc_text(e, 300)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             for fd in fds:  # the candidate sees EOF once the job is over

@@ -29,9 +29,12 @@ trusted files define that never reports fails. Hidden test files are written onl
 this grading sandbox, and their failures are reported without details.
 
 What the trusted tier guarantees and cannot run, and what candidate code inside the
-pytest process can still do on the in-process tier, are in docs/judge.md.
-Infrastructure failures are retried and, if they persist, graded INFRA (reward None); a
-runner that never starts is ERROR (excluded).
+pytest process can still do on the in-process tier, are in docs/judge.md. An attempt
+that would be excluded (INFRA; a runner that never starts: ERROR) is checked against a
+control first (retry.py): the reference solution's tree, or the starting tree. If the
+control proves the machinery works, the failure was the candidate's (FAILED, flag
+`self_inflicted_infra`, no retry); only if the control fails too is it retried and
+then excluded (reward None).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from trialbox.judge.repo_tree import (
     expected_tests,
 )
 from trialbox.store.patches import TreeError
-from trialbox.judge.retry import with_infra_retries
+from trialbox.judge.retry import Control, control_of, with_infra_retries
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.telemetry import traced_grade
@@ -157,9 +160,27 @@ async def judge_repo(task: Task, answer: Answer, pool: CellPool,
                      wall_ms=round((time.monotonic() - t0) * 1e3, 3))
     flags = list(tree.flags) + scan_tree(tree)
     attempt = _attempt_trusted if config.tier == "trusted" else _attempt
+    control_tree, name = _control_tree(task)
+    control = None
+    if control_tree.files != tree.files:
+        async def control() -> Control:
+            return control_of(name, await attempt(task, control_tree, pool, config),
+                              reference=name == "the reference solution")
     grade = await with_infra_retries(lambda: attempt(task, tree, pool, config),
-                                     config.retries, task.task_id)
+                                     config.retries, task.task_id, control)
     return canary_check(_with_flags(grade, flags), task)
+
+
+def _control_tree(task: Task) -> tuple[CandidateTree, str]:
+    """The tree a control grades for `task` (retry.py) and its name: the reference
+    solution's when it applies, else the starting tree (no change)."""
+    if task.canonical_solution:
+        try:
+            return candidate_tree(task, patch=task.canonical_solution), \
+                "the reference solution"
+        except TreeError:
+            pass
+    return candidate_tree(task, files={}), "the starting tree (no change)"
 
 
 def scan_tree(tree: CandidateTree) -> list[Flag]:
@@ -211,7 +232,9 @@ that pays for it would teach it. Ordinary repository code has no need of it."""
 
 def _with_flags(grade: Grade, flags: list[Flag]) -> Grade:
     """Add the tree's and the scan's flags; a cheat flag grades CHEAT (reward 0), naming
-    itself. Flags never turn a failure into a pass; excluded attempts stay excluded."""
+    itself, whatever else the attempt ended with (a flagged attempt is never excluded:
+    else a cheat could buy its exclusion by breaking the machinery too). Flags never
+    turn a failure into a pass."""
     names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
     if not names:
         return grade
@@ -219,7 +242,7 @@ def _with_flags(grade: Grade, flags: list[Flag]) -> Grade:
               if f.detector in REPO_CHEAT_FLAGS | CHEAT_DETECTORS | REPO_STRICT_FLAGS]
     cheats += [Flag(d, "seen by the runner") for d in grade.flags
                if d in REPO_CHEAT_FLAGS and not any(f.detector == d for f in cheats)]
-    if cheats and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
+    if cheats:  # a flagged attempt is never excluded
         detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
         msg = f"cheat detected — {detail}" + (f" | {grade.message}" if grade.message else "")
         return replace(grade, outcome=Outcome.CHEAT, flags=names, message=msg[:4000])

@@ -9,10 +9,13 @@ its own, and compare its stdout with the expected bytes *outside* the sandbox.
 
 The expected output never enters the candidate's sandbox, and what the program says
 about itself (exit status, stderr) is never evidence of a pass: a test passes only when
-the run ended normally (status 0) and its stdout compares equal. Infrastructure failures
-are retried and, if they persist, graded `infra` (reward None) — never a wrong answer. A
-checker that breaks on the task's own expected output is a broken task: `error`
-(excluded).
+the run ended normally (status 0) and its stdout compares equal. An attempt that would be
+excluded (`infra`; a checker that breaks on the task's own expected output: `error`) is
+checked against a control first (retry.py): the task's reference solution, or a trivial
+program, in a fresh session. If the control gets a verdict, the failure was the
+candidate's (it can break its own session: `chmod 000` on its workspace) — failed,
+reward 0, flag `self_inflicted_infra`; only if the control fails too is it retried and
+then excluded (reward None).
 
 Messages of hidden tests say where the output differs, never what was expected, so a
 grade fed back to the policy cannot leak hidden answers.
@@ -29,7 +32,7 @@ from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_scan
-from trialbox.judge.retry import with_infra_retries
+from trialbox.judge.retry import Control, control_of, with_infra_retries
 from trialbox.sandbox import languages
 from trialbox.sandbox.languages import Language, compile_limits_for
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -170,9 +173,25 @@ async def judge_stdio(task: Task, source: str, pool: CellPool,
         raise UsageError(f"{task.task_id}: the source must be a str, got "
                          f"{type(source).__name__}")
     spec = languages.language(language)  # UnknownLanguage (a UsageError) names the choices
+    program, name = control_program(task)
+    python = languages.language("python")
+    control = None
+    if (source, spec.name) != (program, python.name):
+        async def control() -> Control:
+            return control_of(name, await _attempt(task, program, python, pool, config,
+                                                   reference or {}),
+                              reference=bool(task.canonical_solution))
     return await with_infra_retries(
         lambda: _attempt(task, source, spec, pool, config, reference or {}),
-        config.retries, task.task_id)
+        config.retries, task.task_id, control)
+
+
+def control_program(task: Task) -> tuple[str, str]:
+    """The Python program a control runs for `task` (retry.py) and its name: the
+    reference solution when the task has one, else a program that prints nothing."""
+    if task.canonical_solution:
+        return task.canonical_solution, "the reference solution"
+    return "pass\n", "a trivial program (prints nothing)"
 
 
 async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
@@ -435,7 +454,8 @@ def _with_flags(grade: Grade, source: str, spec: Language, runs: list[ExecResult
     """Run the detectors: the static scan on Python sources (the whole source is the
     candidate's: no trusted prefix), the output scan on stderr only (stdout is the
     answer). Flags never turn a failure into a pass; a stdio cheat detector that fires
-    grades CHEAT (reward 0) naming itself. Excluded attempts stay excluded."""
+    grades CHEAT (reward 0) naming itself, whatever else the attempt ended with (a
+    flagged attempt is never excluded)."""
     flags: list[Flag] = []
     if spec.name == "python":
         flags += [f for f in static_scan(source) if f.detector not in _NORMAL_IN_PROGRAMS]
@@ -445,7 +465,7 @@ def _with_flags(grade: Grade, source: str, spec: Language, runs: list[ExecResult
         return grade
     names = tuple(sorted({f.detector for f in flags}))
     cheats = [f for f in flags if f.detector in STDIO_CHEAT_DETECTORS]
-    if cheats and grade.outcome not in (Outcome.INFRA, Outcome.ERROR):
+    if cheats:
         detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
         return replace(grade, outcome=Outcome.CHEAT, flags=names,
                        message=f"cheat detected — {detail}"[:2000])
