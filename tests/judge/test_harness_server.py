@@ -267,3 +267,43 @@ def test_a_garbled_reply_is_infra_not_a_crash(runner):
                                                                    g_bad.attempts)
     assert g_good.outcome is Outcome.PASSED, g_good.message
     runner.assert_no_leaks()
+
+
+def test_random_is_seeded_per_attempt_from_a_secret_and_recorded(runner):
+    """Issue 14, B: the harness used to reseed `random` with 0 before every job, so a
+    solution could replay the test's "random" inputs from random.Random(0) and ignore
+    its argument. Now each attempt draws from a fresh secret seed, recorded in the
+    grade; re-grading with that seed reproduces the draws (and the verdict)."""
+    rand = Task("t/double", TaskKind.FUNCTION, "def double(x):\n", entry_point="double",
+                canonical_solution="    return 2 * x\n",
+                hidden_tests=tuple(TestCase(f"test_{i}", "import random\n"
+                                            "x = random.randint(0, 10**9)\n"
+                                            "assert candidate(x) == 2 * x")
+                                   for i in range(3)))
+    replay = ("    import random\n    global r\n    if r is None:\n"
+              "        r = random.Random(0)\n    return 2 * r.randint(0, 10**9)\n\n\nr = None\n")
+    probe = ("    import random\n    global r\n    if r is None:\n"
+             "        r = random.Random(SEED)\n    return 2 * r.randint(0, 10**9)\n\n\nr = None\n")
+    g_replay, g_ref1, g_ref2 = judge_in_turn(runner, FAST, (rand, replay),
+                                             (rand, rand.canonical_solution),
+                                             (rand, rand.canonical_solution))
+    assert g_replay.outcome is Outcome.FAILED, (g_replay.outcome, g_replay.message)
+    assert g_ref1.passed and g_ref2.passed
+    seeds = {g_replay.seed, g_ref1.seed, g_ref2.seed}
+    assert None not in seeds and len(seeds) == 3, seeds
+    # a re-grade with the recorded seed sees the same draws: the probe that knows the
+    # seed passes exactly then (and the replaying solution fails again)
+    knows = probe.replace("SEED", str(g_replay.seed))
+
+    async def regrade():
+        harness = await open_harness(runner.pool, FAST)
+        try:
+            return [await judge_function(rand, c, runner.pool, FAST, harness, seed=s)
+                    for c, s in ((knows, g_replay.seed), (knows, None),
+                                 (replay, g_replay.seed))]
+        finally:
+            await harness.close()
+    same, other, again = runner.run(regrade())
+    assert same.outcome is Outcome.PASSED and same.seed == g_replay.seed, same.message
+    assert other.outcome is Outcome.FAILED and other.seed != g_replay.seed
+    assert again.outcome is Outcome.FAILED and again.seed == g_replay.seed

@@ -346,7 +346,7 @@ def run_job(job, nonce, channel_fd):
     except TimeoutError:
         out["load"] = "the solution did not load within %.1f s" % job["load_timeout"]
     except CandidateError as e:
-        out["load"] = "the solution failed to load: " + _exc_text(e, 2000)
+        out["load"] = "the solution failed to load: " + _detail(e, 2000)
     namespace = {"__name__": "__trialbox_test__"}
     try:
         exec(_compiled(job["setup"], "test_setup"), namespace)
