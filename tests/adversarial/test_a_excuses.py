@@ -9,6 +9,7 @@ by a control when it cannot tell at once (retry.py). docs/adversary.md, section 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from tests.judge.conftest import JudgeRunner
 from trialbox.judge.evaluate import evaluate, reward_of
 from trialbox.judge.function import JudgeConfig, _with_flags, judge_function, open_harness
 from trialbox.judge.repo import _with_flags as repo_with_flags
+from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.judge.stdio import _with_flags as stdio_with_flags
 from trialbox.sandbox.languages import language
 from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Outcome, Task, TaskKind, \
@@ -35,8 +37,12 @@ CONFIG = JudgeConfig(candidate_limits=Limits(wall_s=30, cpu_s=20, memory_mb=256,
                      call_timeout_s=5, load_timeout_s=5)
 """A 256 MiB harness and the default call and load limits: 16 MiB of `[],` parsed is
 ~385 MB, so before issue 14 the parser got the harness OOM-killed (infra, three
-times). (With limits of 2-3 s the old harness's quadratic buffering of the frame timed
-the call out first.)"""
+times)."""
+
+PATIENT = dataclasses.replace(CONFIG, call_timeout_s=20, load_timeout_s=20)
+"""Limits long enough for the old harness to read a 16 MiB frame whole (it buffered it
+quadratically: on a loaded machine that alone took over 5 s, a timeout, not the OOM);
+the new one refuses it as soon as it has it, so these cost nothing now."""
 
 RAW = """
 import os, struct
@@ -88,7 +94,7 @@ def test_a_16_mib_frame_of_nested_lists_is_refused_before_parsing(runner, when):
         completion = "    return x * x\n" + RAW + send
     else:
         completion = "    " + "\n    ".join(send.splitlines()) + "\n" + RAW
-    g = judge(runner, square_task("assert candidate(3) == 9"), completion)
+    g = judge(runner, square_task("assert candidate(3) == 9"), completion, PATIENT)
     assert_scored_zero(g)
     assert said(g, "refused before parsing"), (g.message, g.tests)
 
@@ -253,7 +259,7 @@ def test_a_random_guesser_with_a_failure_oracle_scores_its_guess_rate(runner):
     attempt is excluded or retried, about half fail, and repeated gradings disagree."""
     rows, summary = runner.run(evaluate(
         {ORACLE.task_id: ORACLE}, [{"task_id": ORACLE.task_id, "completion": GUESSER}],
-        runner.pool, repeat=16, workers=1, config=CONFIG), timeout=600)
+        runner.pool, repeat=16, workers=1, config=PATIENT), timeout=900)
     (row,) = rows
     outcomes = [row["outcome"], *(r["outcome"] for r in row["repeats"])]
     rewards = [row["reward"], *(r["reward"] for r in row["repeats"])]
@@ -297,3 +303,29 @@ def test_a_shared_harness_session_survives_every_attack(runner):
         assert_scored_zero(g)
     assert good.outcome is Outcome.PASSED, good.message
     runner.assert_no_leaks()
+
+
+# -- the stdio judge: a candidate that breaks its own session ---------------------------
+
+def stdio_double(reference: bool) -> Task:
+    cases = tuple(TestCase(f"test_{i}", stdin=f"{i}\n".encode(), expected=f"{2 * i}\n".encode())
+                  for i in range(3))
+    return Task("adv/stdio-double", TaskKind.STDIO, "double the number", hidden_tests=cases,
+                canonical_solution="print(2 * int(input()))\n" if reference else "")
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_a_stdio_program_that_locks_its_own_workspace_is_scored_zero(runner, reference):
+    """A stdio task's tests run one after another in one session; a wrong program that
+    takes its own workspace away (`chmod 000`) makes the next run fail before it
+    starts. Whether the sandbox now repairs that or not, the attempt is the
+    candidate's: reward 0, no retry (the control — the reference, or a program that
+    prints nothing — runs in a fresh session). Before: `infra`, excluded."""
+    wrong = "import os\nprint(int(input()) + 1)\nos.chmod('/workspace', 0)\n"
+    config = StdioJudgeConfig(limits=Limits(wall_s=10, cpu_s=5, memory_mb=128, disk_mb=16))
+    g = runner.run(judge_stdio(stdio_double(reference), wrong, runner.pool, config),
+                   timeout=300)
+    assert_scored_zero(g)
+    right = runner.run(judge_stdio(stdio_double(reference), "print(2 * int(input()))\n",
+                                   runner.pool, config))
+    assert right.outcome is Outcome.PASSED, right.message

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.judge.conftest import JudgeRunner
@@ -132,6 +132,13 @@ if WHEN == "load":
                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(frames, min_size=1, max_size=3), st.sampled_from(["load", "call"]),
        st.sampled_from(sorted(AFTER)), st.sampled_from(sorted(WORKSPACE_OPS)))
+# known shapes first (each crashed the harness's job before issue 14: `error`), then
+# whatever hypothesis draws
+@example([framed(codec.encode([0, "load_error", (1, 2)]))], "load", "answer", "none")
+@example([framed(codec.encode([1, "raised", (1, 2, 3)]))], "call", "sleep",
+         "chmod 000 the workspace")
+@example([framed(codec.encode([0, "load_error", 10 ** 5000]))], "load", "answer wrong",
+         "remove its solution")
 def test_no_candidate_behaviour_ends_excluded(session, sent, when, after, op):
     completion = CANDIDATE.format(after=AFTER[after], when=when, frames=sent,
                                   op=WORKSPACE_OPS[op] or "pass")
