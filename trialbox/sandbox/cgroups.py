@@ -108,6 +108,12 @@ class CellFiles:
             raise
         self.base = CellStats(0, 0, 0)
         self.carried = 0  # what the run started with and was not charged for (begin_run)
+        # Can a run's peak be reset? v1 always; v2 from 6.12 (a per-fd reset of
+        # memory.peak). Before that (Debian 12's 6.1) memory.peak is the cell's lifetime
+        # high: a run's own peak is exact only when it sets a new high, and is otherwise
+        # the highest usage sampled while it ran (snapshot(): every CPU poll, 50 ms).
+        self.peak_resets = version == 1
+        self.sampled = 0
         self.written: dict[str, str] = {}  # limit file -> the value last written to it
 
     def close(self) -> None:
@@ -136,6 +142,7 @@ class CellFiles:
             oom = _pread_int(self.fds["oom"], "oom_kill")
         usage = _pread_int(self.fds["usage"])
         peak = _pread_int(self.fds["peak"]) if "peak" in self.fds else usage
+        self.sampled = max(self.sampled, usage)
         return CellStats(cpu, peak, oom, usage)
 
     def begin_run(self, limits: Limits, carry: int) -> None:
@@ -173,8 +180,10 @@ class CellFiles:
             if "peak" in self.fds:
                 try:
                     self._write("peak", "reset")  # 6.12+: a per-fd peak reset
+                    self.peak_resets = True
                 except OSError:
-                    pass
+                    self.peak_resets = False
+        self.sampled = 0
         self.base = self.snapshot()
 
     def end_run(self) -> CellStats:
@@ -186,8 +195,11 @@ class CellFiles:
         if "tcp_peak" in self.fds:  # read, then reset for the next run (off its start)
             sockets = _pread_int(self.fds["tcp_peak"])
             self._write("tcp_peak", "0")
+        peak = now.peak_bytes
+        if not self.peak_resets:  # exact only if this run set the cell's lifetime high
+            peak = max(self.sampled, peak if peak > self.base.peak_bytes else 0)
         return CellStats(cpu_ns=now.cpu_ns - self.base.cpu_ns,
-                         peak_bytes=max(0, now.peak_bytes - self.carried) + sockets,
+                         peak_bytes=max(0, peak - self.carried) + sockets,
                          oom_kills=now.oom_kills - self.base.oom_kills,
                          usage_bytes=now.usage_bytes)
 

@@ -374,6 +374,7 @@ class CellPool:
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
         self.python_names: frozenset[str] = frozenset()
+        self.recycles = False  # may a cleanly closed session's cell serve another (start)
         self.devnull = -1
         self._zproc: subprocess.Popen[bytes] | None = None
         self._ctl: socket.socket | None = None
@@ -419,6 +420,11 @@ class CellPool:
         self.python_names = frozenset({"python", "python3", self.runtime.python,
                                        os.path.realpath(self.runtime.python)})
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        # A recycled cell restarts its pids at 2 through ns_last_pid, so the next session
+        # cannot count what earlier ones forked. Kernels built without checkpoint/restore
+        # (user-mode-linux's, some minimal ones) lack the file: cells then serve one
+        # session each rather than leak that count.
+        self.recycles = os.path.exists("/proc/sys/kernel/ns_last_pid")
         self.reaped = reap_orphans(self.config.state_dir, self.cgroups)
         if any(self.reaped.values()):
             log.warning("reaped what dead pools left behind: %s", self.reaped)
@@ -730,7 +736,7 @@ class CellPool:
         for fd in cell.trees:  # never attached: the reset has nothing of them to undo
             os.close(fd)
         cell.trees = []
-        if (recycle and cell.alive and not cell.net and not self.closed
+        if (recycle and self.recycles and cell.alive and not cell.net and not self.closed
                 and cell.uses < self.config.max_cell_sessions):
             try:
                 cell.send(b"R")

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs pytest inside user-mode-linux: a real Linux 6.1 kernel (Debian 12's line) booted as
+# an ordinary process, with cgroup v2 (cpu, io, memory, pids controllers) mounted at
+# /sys/fs/cgroup, the host's files read-only through hostfs, tmpfs on /tmp and /run.
+# This host's own cgroup v2 mount holds no controllers, so this is how the namespace
+# tier's cgroup v2 driver is tested for real (tests/sandbox/test_cgroup_v2.py).
+#
+#   scripts/uml-pytest.sh tests/sandbox/test_statuses.py -q      # any pytest arguments
+#
+# Exit status: pytest's inside the guest; 125 when the guest did not report one (it
+# did not boot, or was killed by UML_TIMEOUT seconds, default 1500).
+# In the guest TRIALBOX_EXPECT_CGROUP=2 and TRIALBOX_TEST_TIME_SCALE (default 10: the
+# sandbox suites' default time limits x10) are set.
+# Needs /usr/bin/linux (Debian's user-mode-linux; scripts/setup-system.sh installs it).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+python="${UML_PYTHON:-$repo/.venv/bin/python}"
+mem="${UML_MEM:-3072M}"
+if [ ! -x /usr/bin/linux ]; then
+  echo "uml-pytest: /usr/bin/linux is missing: apt-get install user-mode-linux" \
+       "(scripts/setup-system.sh does)" >&2
+  exit 2
+fi
+work="$(mktemp -d /tmp/trialbox-uml.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/out"
+args="$(printf '%q ' "$@")"  # quoted for the guest's shell, written into its init
+# The guest's init: mount what a booted Debian would, then run pytest as root. (The
+# host's /tmp is hidden under the guest's own tmpfs: nothing is read from $work inside.)
+cat > "$work/init" <<INIT
+#!/bin/sh
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mount -t devtmpfs dev /dev 2>/dev/null
+ln -s /proc/self/fd /dev/fd; ln -s fd/0 /dev/stdin; ln -s fd/1 /dev/stdout; ln -s fd/2 /dev/stderr
+mkdir -p /dev/shm /dev/pts && mount -t tmpfs shm /dev/shm && mount -t devpts pts /dev/pts
+mkdir -p /tmp/out && mount -t hostfs none /tmp/out -o $work/out
+ip link set lo up 2>/dev/null
+export HOME=/tmp PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8 TRIALBOX_EXPECT_CGROUP=2
+export TRIALBOX_TEST_TIME_SCALE=${TRIALBOX_TEST_TIME_SCALE:-10}
+export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
+cd $repo
+echo "guest: \$(uname -r), cgroup2 controllers: \$(cat /sys/fs/cgroup/cgroup.controllers)" > /tmp/out/log
+$python -m pytest -p no:cacheprovider $args >> /tmp/out/log 2>&1
+echo \$? > /tmp/out/status
+sync
+/sbin/poweroff -f
+INIT
+chmod +x "$work/init"
+timeout "${UML_TIMEOUT:-1500}" /usr/bin/linux "mem=$mem" root=/dev/root rootfstype=hostfs \
+  rootflags=/ ro "init=$work/init" con=null con0=null,fd:2 > "$work/console" 2>&1 || true
+cat "$work/out/log" 2>/dev/null || true
+if [ ! -s "$work/out/status" ]; then
+  echo "uml-pytest: the guest reported no result; its console's end:" >&2
+  tail -20 "$work/console" >&2
+  exit 125
+fi
+exit "$(cat "$work/out/status")"
