@@ -416,8 +416,9 @@ class Trajectory:
     advantages within a group."""
     stop_reason: str = ""
     """Why the episode ended: "passed", "max_turns", "context" (no room left to
-    generate), "infra" (the machinery failed: reward None) or "task_error" (the task's
-    own tests broke: reward None)."""
+    generate), "infra" (the machinery failed: reward None), "task_error" (the task's
+    own tests broke: reward None) or "session_broken" (the episode's own session failed
+    while a control session ran fine: the candidate's doing, graded by the judge)."""
     gen_s: float = 0.0
     """Sum of the turns' generation time."""
     env_s: float = 0.0

@@ -337,3 +337,40 @@ def test_a_batch_goes_out_in_episode_order_not_in_arrival_order():
     assert calls == [[0, 1, 2, 3]]                   # one call, in episode order
     assert texts == ["2", "0", "3", "1"]             # each episode got its own row
     assert asyncio.run(scenario([1, 3, 0, 2]))[0] == [[0, 1, 2, 3]]
+
+
+def test_an_episode_that_breaks_its_own_session_is_graded_not_excluded(runner):
+    """An episode whose own session run ends `infra` while the trusted judge grades the
+    same code FAILED is excluded only if a control session from the same leaser fails
+    too. Here the episode's session is broken by its own doing (stood in for by a
+    session whose runs report infra) and a fresh one works: graded, reward 0, never None.
+    With every session broken (the machinery), it is still excluded (the test above)."""
+    from trialbox.sandbox import NamespaceSandbox
+    from trialbox.types import ExecResult, ExecStatus
+
+    class BrokenByItsCandidate:
+        """The episode's session: each run reports infra, as a candidate that wrecked its
+        own workspace beyond repair would leave it."""
+
+        def __init__(self, sb):
+            self.sb = sb
+
+        def __getattr__(self, name):
+            return getattr(self.sb, name)
+
+        async def exec(self, argv, **kw):
+            return ExecResult(ExecStatus.INFRA, message="the cell's init vanished (test)")
+
+    opened = []
+
+    async def opener(limits):
+        sb = await NamespaceSandbox.open(runner.pool, limits)
+        opened.append(sb)
+        return BrokenByItsCandidate(sb) if len(opened) == 1 else sb
+
+    [tr] = runner.run(rollout(ScriptedPolicy([WRONG]), [SQUARE], max_turns=3, config=FAST,
+                              pool=runner.pool, leaser=DirectLeaser(opener))).trajectories
+    assert tr.stop_reason == "session_broken" and tr.reward == 0.0 and not tr.passed
+    assert len(tr.turns) == 1 and tr.turns[0].outcome is Outcome.FAILED
+    assert len(opened) == 2, "one control session was opened"
+    assert all(sb.closed for sb in opened)

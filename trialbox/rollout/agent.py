@@ -340,6 +340,21 @@ async def _exec_file(sb: Sandbox, path: str, source: str, cfg: AgentConfig) -> E
     return await sb.exec(["python3", path], limits=cfg.exec_limits)
 
 
+async def _session_control(env: _Env, episode_id: str) -> bool:
+    """The control for an episode whose own session run ended `infra`: a fresh session
+    from the same leaser and limits runs `python3 -c pass`. True: the machinery works
+    (so the failure was the episode's own doing); False: it does not (excluded)."""
+    control = f"{episode_id}/control"
+    try:
+        async with env.leaser.lease(control, env.cfg.exec_limits) as sb:
+            r = await sb.exec(["python3", "-c", "pass"], limits=env.cfg.exec_limits)
+        return r.status is ExecStatus.OK
+    except InfraError:
+        return False
+    finally:
+        await env.leaser.end(control)
+
+
 def _solution(task: Task, code: str) -> str:
     """What the judge runs for a function task: the prompt plus the completion. A whole
     function (from a fenced block) is appended after the prompt and redefines it; a
@@ -428,7 +443,16 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
             env_s = time.monotonic() - t0
             grade = g or grade
             infra = run is not None and run.status is ExecStatus.INFRA
-            if g is not None and g.passed:  # the judge's word stands, whatever the run
+            if (infra and g is not None and not g.passed
+                    and g.outcome not in (Outcome.INFRA, Outcome.ERROR)
+                    and await _session_control(env, episode_id)):
+                # The trusted judge graded this very code, and a fresh session from the
+                # same leaser runs a known-good program: the machinery works, so the
+                # episode's broken session is the candidate's own doing (DESIGN.md
+                # decision 1: an infrastructure failure is proven, never assumed). The
+                # judge's grade ends the episode; no exclusion.
+                stop_reason = "session_broken"
+            elif g is not None and g.passed:  # the judge's word stands, whatever the run
                 stop_reason = "passed"
             elif infra or (g is not None and g.outcome is Outcome.INFRA):
                 # The judge or the episode's own session failed: its feedback would be
