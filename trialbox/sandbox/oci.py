@@ -406,6 +406,7 @@ class OciProvider:
         self._seq = 0
         self._ready: list[OciSession] = []
         self._warming = 0
+        self._changed = asyncio.Event()  # a warm-up finished (ready, or failed)
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self.started = False
@@ -469,6 +470,8 @@ class OciProvider:
             raise UsageError(f"the {self.tier} provider is not started (await "
                              "provider.start()) or already closed")
         limits = limits or self.config.default_limits
+        if not limits.network and not self._ready and self._warming:
+            await self._wait_for_warm()  # no second cold start beside one under way
         while not limits.network and self._ready:
             sb = self._ready.pop()
             self._refill()
@@ -479,6 +482,15 @@ class OciProvider:
         sb = await self._new_session(limits)
         self._refill()
         return sb
+
+    async def _wait_for_warm(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while not self._ready and self._warming and not self.closed:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                return
 
     async def _new_session(self, limits: Limits) -> OciSession:
         from trialbox.sandbox.ocisession import OciSession
@@ -511,10 +523,12 @@ class OciProvider:
             return
         finally:
             self._warming -= 1
+            self._changed.set()
         if self.closed:
             await sb.close()
         else:
             self._ready.append(sb)
+            self._changed.set()
 
     async def settle(self, timeout: float = 10.0) -> None:
         """Wait until the warm sessions are ready (benchmarks, tests)."""
