@@ -26,8 +26,32 @@ class _Timeout(BaseException):
     pass
 
 
+_armed = [False]
+
+
 def _alarm(signum, frame):
-    raise _Timeout()
+    # Only while a limited call runs: an alarm that lands after the call returned (a
+    # loaded machine delays both) must not escape into the loop around it.
+    if _armed[0]:
+        _armed[0] = False
+        raise _Timeout()
+
+
+def _limited(limit, fn, *args):
+    """fn(*args) under a time limit: (True, value) or (False, None) if it raised or
+    overran."""
+    _armed[0] = True
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        value = fn(*args)
+        _armed[0] = False
+        return True, value
+    except BaseException:
+        _armed[0] = False
+        return False, None
+    finally:
+        _armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _plain(v, depth=0):
@@ -132,15 +156,7 @@ def mutate_args(args, rng):
 
 def _call(fn, args, limit):
     """fn(*args) on a deep copy, under a time limit: (True, value) or (False, None)."""
-    signal.setitimer(signal.ITIMER_REAL, limit)
-    try:
-        return True, fn(*copy.deepcopy(args))
-    except _Timeout:
-        return False, None
-    except BaseException:
-        return False, None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+    return _limited(limit, lambda: fn(*copy.deepcopy(args)))
 
 
 def amplify(task, params):
@@ -159,13 +175,8 @@ def amplify(task, params):
     tns["candidate"] = recorder
     tns[task["entry_point"]] = recorder
     for code in task["tests"]:
-        signal.setitimer(signal.ITIMER_REAL, params["call_limit_s"] * 20)
-        try:
-            exec(code, tns)
-        except BaseException:  # a failing or slow original test: its inputs still count
-            pass
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        # a failing or slow original test: the inputs it built before still count
+        _limited(params["call_limit_s"] * 20, exec, code, tns)
     seeds = [a for a in seeds if _plain(a)]
     seen = {repr(a) for a in seeds}
     out = []

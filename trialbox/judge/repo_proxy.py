@@ -16,7 +16,7 @@ exception the candidate's code raises is raised here as the builtin exception of
 name, or as a local stand-in class for one of its own (same name, same hierarchy down
 to the builtin ancestor), so `pytest.raises(ValueError)` and `except errors.Bad:`
 match. A candidate that breaks the protocol, exits, or sends more than `MAX_TOTAL`
-bytes makes the call raise `CandidateGone` — a BaseException, so no
+bytes makes the call raise `_CandidateGone` — a BaseException, so no
 `pytest.raises(Exception)` or `except Exception` in a test can take it for an answer.
 
 Standalone: the standard library and the copied codec (`_trialbox_codec`).
@@ -29,7 +29,10 @@ import struct
 import sys
 import types
 
-import _trialbox_codec as codec
+try:
+    import _trialbox_codec as codec  # the copy beside us in the tests' sandbox
+except ImportError:  # imported from the package (tests, tools): the same file
+    from trialbox.judge import codec
 
 CANDIDATE_FD = 4
 MAX_FRAME = 16 << 20
@@ -38,7 +41,7 @@ MAX_TOTAL = 256 << 20
 must not be made to run out of memory on the candidate's behalf)."""
 
 
-class CandidateGone(BaseException):
+class _CandidateGone(BaseException):
     """The candidate's process broke the protocol, ended, or sent too much: the call
     has no answer, and the test fails."""
 
@@ -62,7 +65,7 @@ class _Channel:
 
     def ask(self, request):
         if self.gone:
-            raise CandidateGone(self.gone)
+            raise _CandidateGone(self.gone)
         try:
             data = codec.encode(request)
             view = memoryview(struct.pack(">I", len(data)) + data)
@@ -91,7 +94,7 @@ class _Channel:
 
     def _lose(self, why):
         self.gone = why
-        raise CandidateGone(why)
+        raise _CandidateGone(why)
 
 
 _CHANNEL = None
@@ -103,7 +106,7 @@ _REPO_TOPS = set()
 def _answer(reply):
     """The value an answer stands for, raising what the candidate's code raised."""
     if type(reply) is not list or not reply:
-        raise CandidateGone("the candidate's process broke the protocol")
+        raise _CandidateGone("the candidate's process broke the protocol")
     tag = reply[0]
     if tag == "v" and len(reply) == 2:
         return reply[1]
@@ -114,7 +117,7 @@ def _answer(reply):
         return [_answer(r) for r in reply[1]]
     if tag == "x" and len(reply) == 4 and type(reply[1]) is str and type(reply[3]) is str:
         raise _exception(reply[1], reply[2], reply[3])
-    raise CandidateGone("the candidate's process broke the protocol")
+    raise _CandidateGone("the candidate's process broke the protocol")
 
 
 def _reference(reply):
@@ -148,7 +151,7 @@ def _exc_class(ref, info):
                 _exc_classes[cref] = local
             base = _exc_classes[cref]
     except (TypeError, ValueError):
-        raise CandidateGone("the candidate's process broke the protocol") from None
+        raise _CandidateGone("the candidate's process broke the protocol") from None
     return _exc_classes.get(ref, base)
 
 
@@ -162,7 +165,7 @@ def _exception(name, cls_reply, message):
     cls = _answer(cls_reply)
     if isinstance(cls, type) and issubclass(cls, Exception):
         return _make(cls, name, message)
-    raise CandidateGone("the candidate's process broke the protocol")
+    raise _CandidateGone("the candidate's process broke the protocol")
 
 
 def _make(cls, name, message):
