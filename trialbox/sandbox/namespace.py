@@ -35,8 +35,11 @@ MiB = 1 << 20
 SIGNALS_OF_TIMEOUT = (24,)  # SIGXCPU: RLIMIT_CPU ran out
 DISK_SLACK = 64 * 1024
 INODE_BYTES = 1024
-"""Kernel memory one tmpfs inode and its dentry may take (~0.8 KiB here), rounded up."""
+"""Kernel memory allowed per tmpfs inode (a shmem inode and its dentry: under 1 KiB)."""
 MIN_INODES = 4096
+CPU_POLL_S = 0.05
+OUTPUT_GRACE_S = 0.2
+"""How long the output pipes may stay open once every process of a run is gone."""
 
 
 def session_inodes(limits: Limits) -> int:
@@ -51,9 +54,6 @@ def session_carry(limits: Limits) -> int:
     the tmpfs's size, and their inodes): what a run's memory limit allows on top of
     `memory_mb` (cgroups.CellFiles.begin_run)."""
     return limits.disk_bytes + session_inodes(limits) * INODE_BYTES
-CPU_POLL_S = 0.05
-OUTPUT_GRACE_S = 0.2
-"""How long the output pipes may stay open once every process of a run is gone."""
 
 
 class NamespaceSandbox:
