@@ -7,7 +7,11 @@
     │   ├── schedule.lifecycle.IllegalTransition   a task state change the machine forbids
     │   ├── schedule.queues.QueueFull              past the scheduler's waiting-room bound
     │   ├── service.errors.NotFound                no such session / submission
-    │   └── service.errors.FieldError              a request field is unusable (names it)
+    │   ├── service.errors.FieldError              a request field is unusable (names it)
+    │   ├── sandbox.mounts.PathObstructed  a workspace path is in the way (a directory
+    │   │                   where a file goes): in a session, the candidate's doing, so
+    │   │                   run_code and the agent turn it into its outcome
+    │   └── sandbox.mounts.WorkspaceFull   a write does not fit in Limits.disk_mb
     ├── InfraError            the *infrastructure* failed: retry; if it persists,
     │   │                     exclude the sample (reward None, never 0.0)
     │   ├── SandboxUnavailable  this host cannot provide the requested tier
@@ -26,7 +30,9 @@
     CandidateFault            not a TrialboxError: an internal signal that what the
     │                         *candidate* gave cannot be used; caught where it is raised
     │                         and turned into the candidate's outcome, never escapes
-    └── store.patches.TreeError   the answer cannot become a file tree (bad patch/path)
+    ├── store.patches.TreeError   the answer cannot become a file tree (bad patch/path)
+    └── sandbox.cgroups.OverBudget  the session already holds more memory than a run may
+                                  start with (its `memory` status, not started)
 
 What the *candidate* did (wrong answer, crash, timeout, OOM, output flood) is never an
 exception that leaves the judge: it is an observation, an `ExecResult` with a `status`,

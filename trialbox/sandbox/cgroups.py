@@ -14,7 +14,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from trialbox.errors import SandboxUnavailable
+from trialbox.errors import CandidateFault, SandboxUnavailable
 from trialbox.types import Limits
 
 CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
@@ -31,7 +31,7 @@ def socket_bytes(limits: Limits) -> int:
     return max(SOCKET_MIN, limits.memory_bytes // SOCKET_SHARE)
 
 
-class OverBudget(Exception):
+class OverBudget(CandidateFault):
     """The session already holds more memory than a run may start with (what earlier
     runs left charged to the cell: SysV shared memory, files beyond the workspace's
     size...): the candidate's doing, reported as the run's `memory` status."""
