@@ -259,3 +259,19 @@ def test_a_recycled_cell_carries_nothing_to_the_next_session(native: str) -> Non
     assert len(procs) <= 2, f"only the probe itself (and its pid) may be seen: {procs}"
     assert lines[4] == "files [] []", lines
 
+
+
+def test_the_pool_is_the_namespace_tiers_sandbox_provider(runner):
+    """DESIGN.md decision 8: upper layers ask a provider; the pool is the namespace one."""
+    from trialbox.sandbox.base import SandboxProvider
+
+    pool = runner.pool
+    assert isinstance(pool, SandboxProvider) and pool.tier == "namespace"
+
+    async def body():
+        async with await pool.open(Limits(wall_s=5)) as sb:
+            r = await sb.exec(["python3", "-c", "print(6 * 7)"])
+            return sb.tier, sb.limits.wall_s, r
+    tier, wall_s, r = runner.run(body())
+    assert (tier, wall_s, r.stdout) == ("namespace", 5, b"42\n")
+    assert r.runtime == pool.runtime.id

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
 from trialbox.sandbox import mounts
@@ -40,6 +40,9 @@ from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.seccomp import build_filter
 from trialbox.telemetry import traced_cell_start, traced_warm
 from trialbox.types import Limits, Runtime
+
+if TYPE_CHECKING:
+    from trialbox.sandbox.namespace import NamespaceSandbox
 
 log = logging.getLogger("trialbox.sandbox.pool")
 
@@ -362,7 +365,10 @@ class Cell:
 
 
 class CellPool:
-    """A zygote and its warm cells; bound to the event loop it was started on."""
+    """A zygote and its warm cells; bound to the event loop it was started on. The
+    namespace tier's `SandboxProvider` (base.py): `await pool.open(limits)` is a session."""
+
+    tier = "namespace"
 
     def __init__(self, config: PoolConfig | None = None):
         self.config = config or PoolConfig()
@@ -532,6 +538,11 @@ class CellPool:
                 self._ctl.sendmsg([json.dumps(msg).encode()])
         except OSError as e:
             raise ZygoteDied(f"zygote is gone ({e}); {self.zygote_log_tail()}") from e
+
+    async def open(self, limits: Limits | None = None) -> NamespaceSandbox:
+        """A new session in this pool (`SandboxProvider.open`)."""
+        from trialbox.sandbox.namespace import NamespaceSandbox  # it imports this module
+        return await NamespaceSandbox.open(self, limits)
 
     async def close(self) -> None:
         for t in list(self._tasks):
