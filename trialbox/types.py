@@ -213,7 +213,10 @@ class Compare(enum.Enum):
     WHITESPACE = "whitespace"
     """Equal after splitting on any whitespace (line ends and trailing spaces ignored)."""
     FLOAT = "float"
-    """Token by token; numeric tokens equal within `Task.float_tol` (absolute or relative)."""
+    """Token by token, by how the *expected* token is written: an integer compares exactly
+    by value (`5` = `+5` = `5.0`, but 1000000000007 is not 1000000000000); a decimal
+    (a point or an exponent) within `Task.float_tol`, absolute or relative; anything
+    else (hex, inf, nan) must be the same bytes (judge/stdio.py `compare_output`)."""
     CHECKER = "checker"
     """A trusted checker program (`Task.checker`) decides."""
 
