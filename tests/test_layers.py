@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     **{part: _BASE | set(_ORDER[:i]) for i, part in enumerate(_ORDER)},
     "service": _BASE | set(_ORDER),
     "cluster": _BASE | set(_ORDER),
+    "integrations": _BASE | set(_ORDER),
     "bench": _BASE | set(_ORDER) | {"service", "cluster"},
     "cli": _BASE | set(_ORDER) | {"service", "cluster", "bench"},
     "__init__": set(),

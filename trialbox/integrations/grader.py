@@ -1,0 +1,204 @@
+"""The judge the integrations share: one CellPool and a few reusable harness sessions,
+kept across calls, released by `close()` (or by leaving the context manager).
+
+`Grader` is async and binds to the event loop of its first call; `ThreadedGrader` gives
+the same to synchronous callers, on an event loop of its own thread. Both grade a task
+and a completion into trialbox's own `Grade` — the same judges `trialbox eval` uses —
+and `reward_of(grade)` turns it into 1.0 / 0.0, or None when the machinery failed.
+
+A grader is anything with `async grade(task, completion) -> Grade` (`GradeFn`): tests of
+the layers above pass a fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from trialbox.errors import InfraError, UsageError
+from trialbox.judge.evaluate import reward_of
+from trialbox.judge.function import JudgeConfig, judge_function, judge_pool_config, open_harness
+from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
+from trialbox.rollout.text import extract_code
+from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.pool import CellPool
+from trialbox.types import Grade, Outcome, Task, TaskKind
+
+T = TypeVar("T")
+
+__all__ = ["Grader", "GraderConfig", "GradeFn", "ThreadedGrader", "answer_of", "reward_of"]
+
+
+class GradeFn(Protocol):
+    def grade(self, task: Task, completion: str) -> Awaitable[Grade]: ...
+
+
+@dataclass(frozen=True)
+class GraderConfig:
+    """How the shared judge runs."""
+
+    workers: int = 4
+    """Gradings at once (each function grading holds one harness session)."""
+    judge: JudgeConfig | None = None
+    """The function judge's settings (default: JudgeConfig())."""
+    stdio_judge: StdioJudgeConfig | None = None
+    """The stdio judge's settings (default: StdioJudgeConfig())."""
+    language: str = "python"
+    """The language of stdio programs."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
+                or self.workers < 1:
+            raise UsageError(f"GraderConfig.workers must be an int >= 1, got {self.workers!r}")
+
+
+def answer_of(task: Task, text: str) -> str:
+    """What the judge grades from a model's text: the code of its last ```python block,
+    or the whole text when it has none (a completion-style model continuing the prompt).
+    A fenced function task answer is a whole function, appended after the prompt on a
+    new line (it redefines the stub), as the agent loop does."""
+    code, source = extract_code(text)
+    if code is None:
+        return ""
+    return "\n" + code if source == "fenced" and task.kind is TaskKind.FUNCTION else code
+
+
+class Grader:
+    """trialbox's judge for async callers. Use `async with Grader() as g:` or call
+    `await g.close()`; the pool starts on the first grading."""
+
+    def __init__(self, config: GraderConfig | None = None):
+        self.config = config or GraderConfig()
+        self._pool: CellPool | None = None
+        self._starting: asyncio.Lock | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._harnesses: list[NamespaceSandbox] = []
+        self._closed = False
+
+    async def __aenter__(self) -> Grader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def pool(self) -> CellPool:
+        """The shared pool, started on first use (also the gym environment's sessions)."""
+        if self._closed:
+            raise UsageError("this Grader is closed; make a new one")
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+            self._slots = asyncio.Semaphore(self.config.workers)
+        async with self._starting:
+            if self._pool is None:
+                self._pool = await CellPool(
+                    judge_pool_config(warm=2 * self.config.workers)).start()
+        return self._pool
+
+    async def grade(self, task: Task, completion: str) -> Grade:
+        """The trusted grade of `completion` (function tasks: appended to the prompt;
+        stdio tasks: the whole program). A sandbox that cannot be had is an INFRA grade."""
+        pool = await self.pool()
+        assert self._slots is not None
+        async with self._slots:
+            try:
+                if task.kind is TaskKind.STDIO:
+                    return await judge_stdio(task, completion, pool, self.config.stdio_judge,
+                                             self.config.language)
+                if task.kind is not TaskKind.FUNCTION:
+                    raise UsageError(f"{task.task_id}: the integrations grade function and "
+                                     f"stdio tasks, not {task.kind.value!r} ones")
+                harness = self._harnesses.pop() if self._harnesses else \
+                    await open_harness(pool, self.config.judge)
+                try:
+                    return await judge_function(task, completion, pool, self.config.judge,
+                                                harness)
+                finally:
+                    self._harnesses.append(harness)
+            except InfraError as e:
+                return Grade(task.task_id, Outcome.INFRA, message=f"the judge's sandbox: {e}")
+
+    async def close(self) -> None:
+        """Close the harness sessions and the pool. Idempotent."""
+        self._closed = True
+        harnesses, self._harnesses = self._harnesses, []
+        try:
+            for h in harnesses:
+                await h.close()
+        finally:
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                await pool.close()
+
+
+class ThreadedGrader:
+    """A `Grader` for synchronous callers: an event loop on its own daemon thread.
+    `call(coro)` runs any coroutine there (the gym environment runs its sessions on it)."""
+
+    def __init__(self, config: GraderConfig | None = None, grader: GradeFn | None = None):
+        self.grader: GradeFn = grader if grader is not None else Grader(config)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                        name="trialbox-grader")
+        self._thread.start()
+
+    def __enter__(self) -> ThreadedGrader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.loop.is_closed():
+            coro.close()
+            raise UsageError("this ThreadedGrader is closed; make a new one")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def grade_all(self, pairs: list[tuple[Task, str]]) -> list[Grade]:
+        async def all_() -> list[Grade]:
+            return list(await asyncio.gather(*(self.grader.grade(t, c) for t, c in pairs)))
+        return self.call(all_())
+
+    def close(self) -> None:
+        """Release the grader's pool and stop the thread. Idempotent."""
+        if self.loop.is_closed():
+            return
+        try:
+            close = getattr(self.grader, "close", None)
+            if close is not None:
+                self.call(close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.loop.close()
+
+
+def task_index(tasks: str | Any) -> dict[str, Task]:
+    """Tasks by id, from a task-set spec (`"humaneval"`, a .jsonl/.parquet path or URL:
+    `store.tasks.load_tasks`), a mapping of id to Task, or an iterable of Tasks."""
+    from trialbox.store.tasks import index, load_tasks
+    if isinstance(tasks, str):
+        return index(load_tasks(tasks))
+    if isinstance(tasks, dict):
+        return dict(tasks)
+    return index(tasks)
+
+
+def resolve_task(tasks: dict[str, Task], ref: Any, where: str) -> Task:
+    """The task a dataset row names: a task id in `tasks`, or a whole task row (a dict
+    or its JSON text, as in a task file) parsed on the spot."""
+    from trialbox.store.tasks import parse_task
+    if isinstance(ref, Task):
+        return ref
+    if isinstance(ref, dict) or (isinstance(ref, str) and ref.lstrip().startswith("{")):
+        return parse_task(ref, where)
+    if isinstance(ref, str):
+        task = tasks.get(ref)
+        if task is None:
+            raise UsageError(f"{where}: unknown task id {ref!r}; pass the task set that "
+                             f"holds it (tasks=...), or put the whole task row in the column")
+        return task
+    raise UsageError(f"{where}: a task id (str) or a task row (dict or JSON text) was "
+                     f"expected, got {type(ref).__name__}")
