@@ -1,0 +1,86 @@
+"""verl's custom reward function, called as verl's loader does: the file loaded by path
+(`importlib.util.spec_from_file_location`), `compute_score` called with keyword
+arguments. verl itself is not installed here (see docs/integrations.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import trialbox.integrations.verl as verl_module
+from trialbox.errors import UsageError
+from trialbox.store.tasks import load_humaneval
+
+ROW = {"task_id": "inline/inc", "prompt": "def inc(x):\n", "entry_point": "inc",
+       "test": "def check(candidate):\n    assert candidate(1) == 2\n"}
+
+
+@pytest.fixture
+def loaded() -> Iterator[ModuleType]:
+    """The module as verl loads `custom_reward_function.path` (verl/trainer/ppo/reward.py:
+    spec_from_file_location("custom_module", path), registered in sys.modules)."""
+    path = verl_module.__file__
+    assert path is not None
+    spec = importlib.util.spec_from_file_location("custom_module", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["custom_module"] = module
+    spec.loader.exec_module(module)
+    try:
+        yield module
+    finally:
+        module.shutdown()
+        del sys.modules["custom_module"]
+
+
+def _score(m: ModuleType, solution: str, truth: Any) -> dict[str, float]:
+    out: dict[str, float] = m.compute_score(
+        data_source="humaneval", solution_str=solution, ground_truth=truth,
+        extra_info={"split": "train", "index": 0})
+    return out
+
+
+def test_compute_score_grades_task_ids_and_task_rows(loaded: ModuleType) -> None:
+    he = {t.task_id: t for t in load_humaneval()}
+    good = "Sure:\n```python\ndef truncate_number(number: float) -> float:\n" \
+           "    return number % 1.0\n```\n"
+    assert _score(loaded, good, "HumanEval/2") == {"score": 1.0, "passed": 1.0,
+                                                   "excluded": 0.0}
+    assert _score(loaded, he["HumanEval/2"].canonical_solution, "HumanEval/2")["score"] == 1.0
+    assert _score(loaded, "    return 0.5\n", "HumanEval/2")["score"] == 0.0
+    assert _score(loaded, "    return x + 1\n", ROW)["score"] == 1.0
+    assert _score(loaded, "    return x\n", json.dumps(ROW))["score"] == 0.0
+
+
+def test_bad_ground_truth_is_a_clear_error(loaded: ModuleType) -> None:
+    with pytest.raises(UsageError, match="unknown task id 'HumanEval/999'"):
+        _score(loaded, "x", "HumanEval/999")
+    with pytest.raises(UsageError, match="field 'entry_point'"):
+        _score(loaded, "x", {"task_id": "t", "prompt": "def f():\n", "test": "x"})
+
+
+def test_a_trialbox_server_grades_when_trialbox_url_is_set(
+        loaded: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.service.conftest import Server
+    server = Server(token="s3cret")
+    try:
+        monkeypatch.setenv("TRIALBOX_URL", server.url)
+        monkeypatch.setenv("TRIALBOX_TOKEN", "s3cret")
+        assert _score(loaded, "    return x + 1\n", ROW)["score"] == 1.0
+        assert _score(loaded, "    return number\n", "HumanEval/2")["score"] == 0.0
+        with server.client() as c:  # the grading happened there, not here
+            assert c.get("/v1/submissions").json()["total"] == 2
+        monkeypatch.setenv("TRIALBOX_TOKEN", "wrong")
+        with pytest.raises(UsageError, match="refused the submission \\(401\\)"):
+            _score(loaded, "    return x + 1\n", ROW)
+    finally:
+        server.stop()
+    monkeypatch.setenv("TRIALBOX_TOKEN", "s3cret")  # the server is gone: excluded, not 0
+    assert _score(loaded, "    return x + 1\n", ROW) == {"score": 0.0, "passed": 0.0,
+                                                         "excluded": 1.0}
