@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     from trialbox.schedule.cli import add_parser as add_tasks_parser
     add_tasks_parser(sub)
+    from trialbox.sandbox.audit import add_parser as add_audit_log_parser
+    add_audit_log_parser(sub)  # audit-log query (its handler runs it)
     return parser
 
 
