@@ -29,7 +29,8 @@ from trialbox.types import Grade, Outcome, Task, TaskKind
 
 T = TypeVar("T")
 
-__all__ = ["Grader", "GraderConfig", "GradeFn", "ThreadedGrader", "answer_of", "reward_of"]
+__all__ = ["Grader", "GraderConfig", "GradeFn", "LoopThread", "ThreadedGrader", "answer_of",
+           "resolve_task", "reward_of", "task_index"]
 
 
 class GradeFn(Protocol):
@@ -133,16 +134,40 @@ class Grader:
                 await pool.close()
 
 
+class LoopThread:
+    """An event loop on a daemon thread of its own, for synchronous callers: `call(coro)`
+    runs a coroutine there and returns its result."""
+
+    def __init__(self, name: str = "trialbox-integrations"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name=name)
+        self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self.loop.is_closed()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.loop.is_closed():
+            coro.close()
+            raise UsageError("this object is closed; make a new one")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        """Stop the loop and its thread. Idempotent."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
 class ThreadedGrader:
-    """A `Grader` for synchronous callers: an event loop on its own daemon thread.
-    `call(coro)` runs any coroutine there (the gym environment runs its sessions on it)."""
+    """A `Grader` for synchronous callers, on a `LoopThread`."""
 
     def __init__(self, config: GraderConfig | None = None, grader: GradeFn | None = None):
         self.grader: GradeFn = grader if grader is not None else Grader(config)
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
-                                        name="trialbox-grader")
-        self._thread.start()
+        self.thread = LoopThread("trialbox-grader")
 
     def __enter__(self) -> ThreadedGrader:
         return self
@@ -150,29 +175,21 @@ class ThreadedGrader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self.loop.is_closed():
-            coro.close()
-            raise UsageError("this ThreadedGrader is closed; make a new one")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
     def grade_all(self, pairs: list[tuple[Task, str]]) -> list[Grade]:
         async def all_() -> list[Grade]:
             return list(await asyncio.gather(*(self.grader.grade(t, c) for t, c in pairs)))
-        return self.call(all_())
+        return self.thread.call(all_())
 
     def close(self) -> None:
         """Release the grader's pool and stop the thread. Idempotent."""
-        if self.loop.is_closed():
+        if self.thread.closed:
             return
         try:
             close = getattr(self.grader, "close", None)
             if close is not None:
-                self.call(close())
+                self.thread.call(close())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-            self.loop.close()
+            self.thread.close()
 
 
 def task_index(tasks: str | Any) -> dict[str, Task]:
