@@ -235,6 +235,20 @@ class TestCase:
     expected: bytes = b""
 
 
+class Risk(enum.Enum):
+    """How dangerous a task's candidate code is taken to be; `sandbox.tiers.TierPolicy`
+    maps each level to an isolation tier (never a weaker one than configured)."""
+
+    ROUTINE = "routine"
+    """Model-written code for ordinary tasks: the fast wall (default `namespace`)."""
+    UNTRUSTED = "untrusted"
+    """Code from a source not trusted (another user's, red-team prompts): a kernel of its
+    own (default `gvisor`)."""
+    HOSTILE = "hostile"
+    """Code expected to attack the sandbox (the hostile battery, exploit catalogues): the
+    strongest wall the node has configured (default `gvisor`; a VM tier where one runs)."""
+
+
 @dataclass(frozen=True)
 class Task:
     """A problem to solve. `hidden_tests` never reach the policy's prompt or the
@@ -270,6 +284,8 @@ class Task:
     canary: bool = False
     """Impossible by design (e.g. tests that contradict each other): any pass is a cheat.
     Mixed into a run to measure how often the policy games the judge."""
+    risk: Risk = Risk.ROUTINE
+    """Which isolation tier its candidates run in, through `sandbox.tiers.TierPolicy`."""
 
 
 # --------------------------------------------------------------------------- grades
