@@ -56,6 +56,25 @@ def session_carry(limits: Limits) -> int:
     return limits.disk_bytes + session_inodes(limits) * INODE_BYTES
 
 
+def run_environment(argv: Sequence[str], env: Mapping[str, str] | None) -> dict[str, str]:
+    """A run's environment: BASE_ENV plus the caller's `env`, once argv and env are
+    checked (every tier's `exec` takes them the same way). UsageError names the fix."""
+    if isinstance(argv, (str, bytes)) or not argv:
+        raise UsageError("argv must be a non-empty list of strings, e.g. "
+                         "['python3', 'main.py']")
+    for a in argv:
+        if not isinstance(a, str) or "\x00" in a:
+            raise UsageError(f"every argv item must be a str without NUL, got {a!r}")
+    run_env = dict(BASE_ENV)
+    for k, v in (env or {}).items():
+        if (not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k
+                or "\x00" in k + v):
+            raise UsageError(f"env entries must be str -> str, keys without '=' or "
+                             f"NUL; got {k!r}: {v!r}")
+        run_env[k] = v
+    return run_env
+
+
 class NamespaceSandbox:
     """A session in the namespace tier. Create with `await NamespaceSandbox.open(pool)`."""
 
@@ -295,19 +314,7 @@ class NamespaceSandbox:
 
     def _spec(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
               limits: Limits) -> dict[str, object]:
-        if isinstance(argv, (str, bytes)) or not argv:
-            raise UsageError("argv must be a non-empty list of strings, e.g. "
-                             "['python3', 'main.py']")
-        for a in argv:
-            if not isinstance(a, str) or "\x00" in a:
-                raise UsageError(f"every argv item must be a str without NUL, got {a!r}")
-        run_env = dict(BASE_ENV)
-        for k, v in (env or {}).items():
-            if (not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k
-                    or "\x00" in k + v):
-                raise UsageError(f"env entries must be str -> str, keys without '=' or "
-                                 f"NUL; got {k!r}: {v!r}")
-            run_env[k] = v
+        run_env = run_environment(argv, env)
         self._check_cwd(cwd)
         mode, path = self._resolve(list(argv), run_env["PATH"], cwd)
         # The CPU limit is enforced on the cgroup's total by `_Run._check_cpu`; the

@@ -23,10 +23,9 @@ from typing import Any
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError
 from trialbox.sandbox import mounts
-from trialbox.sandbox.namespace import _check_pass_fds, _close_quietly
+from trialbox.sandbox.namespace import _check_pass_fds, _close_quietly, run_environment
 from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S, Container,
                                   OciProvider)
-from trialbox.sandbox.pool import BASE_ENV
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 CARRY_ALL = 1 << 62
@@ -200,19 +199,7 @@ class OciSession:
 
     def _spec(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
               limits: Limits) -> dict[str, Any]:
-        if isinstance(argv, (str, bytes)) or not argv:
-            raise UsageError("argv must be a non-empty list of strings, e.g. "
-                             "['python3', 'main.py']")
-        for a in argv:
-            if not isinstance(a, str) or "\x00" in a:
-                raise UsageError(f"every argv item must be a str without NUL, got {a!r}")
-        run_env = dict(BASE_ENV)
-        for k, v in (env or {}).items():
-            if (not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k
-                    or "\x00" in k + v):
-                raise UsageError(f"env entries must be str -> str, keys without '=' or "
-                                 f"NUL; got {k!r}: {v!r}")
-            run_env[k] = v
+        run_env = run_environment(argv, env)
         self._check_cwd(cwd)
         rl = self.provider.run_rlimits(limits)
         rl["RLIMIT_NPROC"] = [limits.pids, limits.pids]
