@@ -176,3 +176,28 @@ def test_cli_query(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(line)["task_id"] == "b"
     assert main(["audit-log", "query", "--file", str(tmp_path / "missing")]) == 2
     assert "cannot read the audit log" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tier", ["gvisor", "container"])
+def test_oci_tiers_are_audited_the_same_way(tier: str, tmp_path: Path) -> None:
+    """The wrapper is tier-agnostic: the same record from the gvisor and container tiers."""
+    from trialbox.sandbox.container import ContainerProvider
+    from trialbox.sandbox.gvisor import GVisorProvider
+    from trialbox.sandbox.oci import OciConfig
+    path = str(tmp_path / "oci.jsonl")
+    inner = (GVisorProvider if tier == "gvisor" else ContainerProvider)(OciConfig(warm=0))
+
+    async def body() -> None:
+        async with inner:
+            with AuditLog(AuditConfig(path)) as log:
+                provider = audited(inner, log)
+                with audit_task(f"{tier}/1"):
+                    async with await provider.open(Limits(wall_s=10, output_bytes=2048)) as sb:
+                        assert (await sb.exec(["/bin/echo", "hi"])).ok
+                        await sb.exec(["python3", "-c", "print('x' * 5000)"])
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+    (s,) = read(path)
+    assert (s.task_id, s.tier, s.runtime) == (f"{tier}/1", tier, inner.runtime.id)
+    assert [c.status for c in s.commands] == ["ok", "output"]
+    assert s.commands[0].stdout_bytes == 3 and s.limit_hits == {"output": 1}
