@@ -47,6 +47,7 @@ def test_a_sync_episode_feedback_then_pass_then_released() -> None:
 
         obs, reward, terminated, truncated, info = env.step(RIGHT)
         assert (reward, terminated, truncated, info["passed"]) == (1.0, True, False, True)
+        assert obs == "The solution is accepted."
         assert info["turn"] == 3 and env.env.session is None and sb.closed
         with pytest.raises(UsageError, match="call reset\\(\\) first"):
             env.step(RIGHT)

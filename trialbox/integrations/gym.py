@@ -11,12 +11,13 @@ a completion continuing the prompt). Each step runs that code in the episode's o
 sandbox session (function tasks: the prompt plus the code as solution.py; stdio tasks:
 the program on the first visible test's input) and grades it with the trusted judge, at
 the same time. The observation is the feedback the agent loop gives
-(`rollout.text.feedback_report`: the run's status and stderr, the visible tests' failures,
-never a hidden test). `terminated` when the judge passes the answer; `truncated` at
-`max_turns` without a pass. The reward is the judge's (1.0 pass, 0.0 otherwise): at the
-episode's end only (`reward="final"`, 0.0 on earlier steps) or on every step
-(`reward="step"`). When the machinery failed (trialbox's reward None) the step's reward
-is 0.0 and `info["excluded"]` is True: leave that episode out of training.
+(`rollout.text.feedback_report`: the run's status and stderr, the visible tests'
+failures, never a hidden test; `ACCEPTED` on a pass). `terminated` when the judge passes
+the answer; `truncated` at `max_turns` without a pass. The reward is the judge's (1.0
+pass, 0.0 otherwise): at the episode's end only (`reward="final"`, 0.0 on earlier steps)
+or on every step (`reward="step"`). When the machinery failed (trialbox's reward None)
+the step's reward is 0.0 and `info["excluded"]` is True: leave that episode out of
+training.
 
 One session per episode: opened by `reset`, released when the episode ends, on the next
 `reset`, on `close()`, and (sync env) when the env is garbage-collected.
@@ -25,6 +26,7 @@ One session per episode: opened by `reset`, released when the episode ends, on t
 
 from __future__ import annotations
 
+import asyncio
 import random
 import weakref
 from dataclasses import dataclass, field
@@ -48,6 +50,8 @@ from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Task, TaskKind
 __all__ = ["AsyncCodeEnv", "CodeEnv", "EnvConfig"]
 
 Step = tuple[str, float, bool, bool, dict[str, Any]]
+ACCEPTED = "The solution is accepted."
+"""The observation of the step that passes (the episode terminates)."""
 
 
 @dataclass(frozen=True)
@@ -136,10 +140,13 @@ class AsyncCodeEnv:
         self.turn += 1
         last = self.turn >= cfg.max_turns
         code, _ = extract_code(action)
-        run = await self._run(task, code) if code is not None else None
+        run: ExecResult | None = None
         grade: Grade | None = None
-        if code is not None or last:
-            grade = await self.grader.grade(task, answer_of(task, action))
+        if code is not None:  # the episode's own run and the judge's, concurrently
+            run, grade = await asyncio.gather(self._run(task, code),
+                                              self.grader.grade(task, answer_of(task, action)))
+        elif last:  # a last turn without code is graded as the empty answer
+            grade = await self.grader.grade(task, "")
         passed = grade is not None and grade.passed
         terminated, truncated = passed, last and not passed
         value = reward_of(grade) if grade is not None else 0.0
@@ -148,7 +155,9 @@ class AsyncCodeEnv:
             reward = value or 0.0
         else:
             reward = 0.0
-        observation = feedback_report(task, code, run, grade, cfg.feedback_chars)
+        # feedback_report speaks to a model that must try again; a pass ends the episode
+        observation = ACCEPTED if passed else \
+            feedback_report(task, code, run, grade, cfg.feedback_chars)
         info: dict[str, Any] = {
             "task_id": task.task_id, "turn": self.turn, "grade": grade,
             "outcome": grade.outcome.value if grade is not None else None,

@@ -4,9 +4,9 @@ TRL calls it with keyword arguments: `prompts`, `completions` (strings, or chat-
 lists of messages) and every dataset column, one value per completion. The task comes
 from the `task_id` column (looked up in `tasks`) or a `task` column holding the whole
 task row. The reward is trialbox's own: 1.0 when the trusted judge passes the answer,
-0.0 for anything the candidate did, and `None` when the machinery failed — TRL (>= 0.17)
-turns None into NaN, leaves the completion out of its group's baseline and of the logged
-reward, and gives it zero advantage: skipped, not punished.
+0.0 for anything the candidate did, and `None` when the machinery failed — TRL (checked
+in 1.16's grpo_trainer.py) turns None into NaN, leaves the completion out of its group's
+baseline and of the logged reward, and gives it zero advantage: skipped, not punished.
 
     from trialbox.integrations.trl import TrialboxReward
     with TrialboxReward("humaneval") as reward:
