@@ -39,7 +39,7 @@ from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.sandbox.languages import language
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool
-from trialbox.types import Grade, Task, TaskKind, TestResult
+from trialbox.types import Grade, Outcome, Task, TaskKind, TestResult
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,195 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade],
                                                                    strict=True)}) == 1}
 
 
+def grade_from_json(d: dict[str, Any]) -> Grade:
+    """A `Grade` back from its journaled JSON (`store.journal.to_jsonable` of one)."""
+    return Grade(task_id=d["task_id"], outcome=Outcome(d["outcome"]),
+                 tests=tuple(TestResult(**t) for t in d.get("tests", ())),
+                 message=d.get("message", ""), flags=tuple(d.get("flags", ())),
+                 wall_ms=d.get("wall_ms", 0.0), candidate_cpu_ms=d.get("candidate_cpu_ms", 0.0),
+                 candidate_peak_memory_bytes=d.get("candidate_peak_memory_bytes", 0),
+                 attempts=d.get("attempts", 1), seed=d.get("seed"))
+
+
+def error_row(sample: dict[str, Any] | str, message: str) -> dict[str, Any]:
+    """The row of a sample that cannot be graded at all (bad JSON, unknown task...)."""
+    row = _row(message, [])
+    if isinstance(sample, dict):
+        row["task_id"] = sample["task_id"]
+    return row
+
+
+class Evaluator:
+    """Grades one attempt of one sample at a time, and assembles a sample's row from its
+    attempts' grades: what `evaluate` runs `repeat` times per sample, and what a journaled
+    run (`trialbox.schedule.evaljob`) runs once per scheduler task.
+
+    Function attempts share `workers` trusted harness sessions (opened by `start`); stdio
+    and repository attempts are bounded by `workers` slots. Each candidate attempt gets a
+    fresh sandbox of its own. A task's reference solution is measured once per Evaluator,
+    when something uses it (scaled time limits, efficiency or memory scores)."""
+
+    def __init__(self, tasks: dict[str, Task], pool: CellPool, *, workers: int = 4,
+                 config: JudgeConfig | None = None,
+                 stdio_config: StdioJudgeConfig | None = None,
+                 repo_config: RepoJudgeConfig | None = None,
+                 reward_spec: RewardSpec | None = None):
+        if workers < 1:
+            raise UsageError("--repeat and --workers must be at least 1")
+        self.tasks, self.pool, self.workers = tasks, pool, workers
+        self.config, self.stdio_config, self.repo_config = config, stdio_config, repo_config
+        self.reward_spec = reward_spec
+        self.weighted = reward_spec is not None and not reward_spec.binary
+        self.harnesses: asyncio.Queue[NamespaceSandbox] = asyncio.Queue()
+        self.slots = asyncio.Semaphore(workers)  # stdio and repo attempts need no harness
+        self.references: dict[str, asyncio.Future[Reference]] = {}
+
+    async def start(self, attempts: int) -> None:
+        """Open the trusted harness sessions (one per worker, at most one per attempt)."""
+        if any(t.kind is TaskKind.FUNCTION for t in self.tasks.values()):
+            for _ in range(min(self.workers, attempts) or 1):
+                self.harnesses.put_nowait(await open_harness(self.pool, self.config))
+
+    async def close(self) -> None:
+        while not self.harnesses.empty():
+            await self.harnesses.get_nowait().close()
+
+    def check(self, sample: dict[str, Any] | str) -> str | None:
+        """Why `sample` cannot be graded (it then gets an error row), or None."""
+        if isinstance(sample, str):
+            return sample
+        task = self.tasks.get(sample["task_id"])
+        if task is None:
+            return f"unknown task_id {sample['task_id']!r}"
+        if task.kind is TaskKind.STDIO:
+            lang = sample.get("language", "python")
+            try:
+                if not isinstance(lang, str):
+                    raise UnknownLanguage(f"language must be a string, got {lang!r}")
+                language(lang)
+                if not isinstance(sample.get("completion"), str):
+                    raise UsageError("a stdio task's sample needs a \"completion\" string "
+                                     "(the program)")
+            except UsageError as e:
+                return f"task {sample['task_id']!r}: {e}"
+        elif task.kind is TaskKind.FUNCTION and not isinstance(sample.get("completion"), str):
+            return (f"task {sample['task_id']!r} is a function task: the sample needs a "
+                    "\"completion\" string")
+        return None
+
+    async def _style_of(self, completion: str, prompt: str) -> tuple[str, ...] | None:
+        """ruff's findings on the completion's own lines (the prompt is the task's), when
+        the reward weighs style; ruff parses, never runs, the code (in a thread)."""
+        if not self.weighted or self.reward_spec is None or self.reward_spec.style == 0:
+            return None
+        findings = await asyncio.get_running_loop().run_in_executor(
+            None, style_findings, prompt + completion)
+        first = prompt.count("\n")
+        return tuple(f for f in findings if _finding_line(f) > first)
+
+    def _wants_reference(self, task: Task) -> bool:
+        config, stdio_config, spec = self.config, self.stdio_config, self.reward_spec
+        scaled = (task.kind is TaskKind.FUNCTION and config is not None
+                  and config.time_scale is not None) or (
+            task.kind is TaskKind.STDIO and stdio_config is not None
+            and stdio_config.time_scale is not None)
+        return scaled or (self.weighted and spec is not None
+                          and (spec.efficiency > 0 or spec.memory > 0))
+
+    async def _measure(self, task: Task, harness: NamespaceSandbox | None) -> Reference:
+        """Grade the reference solution once (unscaled limits for stdio)."""
+        pool = self.pool
+        if task.kind is TaskKind.FUNCTION:
+            g = await judge_function(task, task.canonical_solution, pool, self.config,
+                                     harness)
+        elif task.kind is TaskKind.STDIO:
+            stdio_config = self.stdio_config
+            unscaled = replace(stdio_config, time_scale=None) if stdio_config else None
+            g = await judge_stdio(task, task.canonical_solution, pool, unscaled)
+        else:
+            g = await judge_repo(task, task.canonical_solution, pool, self.repo_config)
+        if not g.passed:
+            return Reference()
+        return Reference({t.name: t.ms for t in g.tests}, g.candidate_peak_memory_bytes,
+                         g.candidate_cpu_ms)
+
+    async def reference_for(self, task: Task,
+                            harness: NamespaceSandbox | None = None) -> Reference:
+        """The reference solution's measurements, once per task, when something uses
+        them (scaled time limits, efficiency or memory scores)."""
+        if not task.canonical_solution or not self._wants_reference(task):
+            return Reference()
+        references = self.references
+        if task.task_id not in references:
+            future = references[task.task_id] = asyncio.get_running_loop().create_future()
+            try:
+                future.set_result(await self._measure(task, harness))
+            except BaseException as e:  # waiters on this task learn it too
+                future.set_exception(e)
+        return await references[task.task_id]
+
+    async def attempt(self, sample: dict[str, Any]) -> tuple[Grade, Reference]:
+        """Grade one attempt of a sample that `check` accepted; with the reference
+        measurements the grade was made against (the row's efficiency and memory scores
+        need them again)."""
+        task = self.tasks[sample["task_id"]]
+        if task.kind is TaskKind.FUNCTION:
+            harness = await self.harnesses.get()
+            try:
+                reference = await self.reference_for(task, harness)
+                grade = await judge_function(task, sample["completion"], self.pool,
+                                             self.config, harness, reference.times)
+            finally:
+                self.harnesses.put_nowait(harness)
+            return grade, reference
+        async with self.slots:
+            reference = await self.reference_for(task)
+            if task.kind is TaskKind.STDIO:
+                grade = await judge_stdio(task, sample["completion"], self.pool,
+                                          self.stdio_config,
+                                          sample.get("language", "python"),
+                                          reference.times)
+            else:
+                answer: Any = (sample["files"] if "completion" not in sample
+                               else sample["completion"])
+                grade = await judge_repo(task, answer, self.pool, self.repo_config)
+        return grade, reference
+
+    async def row(self, sample: dict[str, Any], grades: list[Grade],
+                  reference: Reference) -> dict[str, Any]:
+        """The output row of a sample from its attempts' grades (in repeat order)."""
+        task = self.tasks[sample["task_id"]]
+        spec = self.reward_spec
+        if task.kind is TaskKind.FUNCTION:
+            return _row(sample, grades, spec,
+                        await self._style_of(sample["completion"], task.prompt), reference)
+        if task.kind is TaskKind.STDIO:
+            python = sample.get("language", "python") in ("python", "python3", "py")
+            return _row(sample, grades, spec,
+                        await self._style_of(sample["completion"], "") if python else None,
+                        reference)
+        answer: Any = sample["files"] if "completion" not in sample else sample["completion"]
+        style, lines = await self._repo_style(task, answer)
+        return _row(sample, grades, spec, style, reference, lines, by_cpu=True)
+
+    async def _repo_style(self, task: Task,
+                          answer: Any) -> tuple[tuple[str, ...] | None, int]:
+        """ruff's findings on the Python lines the candidate wrote, and how many it wrote."""
+        if not self.weighted or self.reward_spec is None or self.reward_spec.style == 0:
+            return None, 1
+        try:
+            tree = (candidate_tree(task, patch=answer) if isinstance(answer, str)
+                    else candidate_tree(task, files=answer))
+        except TreeError:
+            return None, 1  # graded FAILED; its style does not matter
+        findings: list[str] = []
+        for path, changed in sorted(tree.changed.items()):
+            found = await asyncio.get_running_loop().run_in_executor(
+                None, style_findings, tree.files[path].decode("utf-8", "replace"))
+            findings += [f"{path}: {f}" for f in found if _finding_line(f) in changed]
+        return tuple(findings), max(1, sum(len(c) for c in tree.changed.values()))
+
+
 async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | str],
                    pool: CellPool, *, repeat: int = 1, workers: int = 4,
                    config: JudgeConfig | None = None,
@@ -166,160 +355,45 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
     (style; for repository tasks on the Python lines the candidate wrote), compares a
     passing attempt's time and peak memory with the reference solution's (efficiency,
     memory; measured once per task), and the rows carry those scores."""
-    weighted = reward_spec is not None and not reward_spec.binary
     if repeat < 1 or workers < 1:
         raise UsageError("--repeat and --workers must be at least 1")
-    # One trusted harness session per worker, reused task after task; each candidate
-    # attempt still gets a fresh sandbox of its own.
-    harnesses: asyncio.Queue[NamespaceSandbox] = asyncio.Queue()
-    if any(t.kind is TaskKind.FUNCTION for t in tasks.values()):
-        for _ in range(min(workers, len(samples)) or 1):
-            harnesses.put_nowait(await open_harness(pool, config))
-    slots = asyncio.Semaphore(workers)  # stdio and repo attempts need no harness
+    ev = Evaluator(tasks, pool, workers=workers, config=config, stdio_config=stdio_config,
+                   repo_config=repo_config, reward_spec=reward_spec)
     done = 0
     t0 = time.monotonic()
-    references: dict[str, asyncio.Future[Reference]] = {}
-
-    async def style_of(completion: str, prompt: str) -> tuple[str, ...] | None:
-        """ruff's findings on the completion's own lines (the prompt is the task's), when
-        the reward weighs style; ruff parses, never runs, the code (in a thread)."""
-        if not weighted or reward_spec is None or reward_spec.style == 0:
-            return None
-        findings = await asyncio.get_running_loop().run_in_executor(
-            None, style_findings, prompt + completion)
-        first = prompt.count("\n")
-        return tuple(f for f in findings if _finding_line(f) > first)
-
-    def wants_reference(task: Task) -> bool:
-        scaled = (task.kind is TaskKind.FUNCTION and config is not None
-                  and config.time_scale is not None) or (
-            task.kind is TaskKind.STDIO and stdio_config is not None
-            and stdio_config.time_scale is not None)
-        return scaled or (weighted and reward_spec is not None
-                          and (reward_spec.efficiency > 0 or reward_spec.memory > 0))
-
-    async def measure(task: Task, harness: NamespaceSandbox | None) -> Reference:
-        """Grade the reference solution once (unscaled limits for stdio)."""
-        if task.kind is TaskKind.FUNCTION:
-            g = await judge_function(task, task.canonical_solution, pool, config, harness)
-        elif task.kind is TaskKind.STDIO:
-            unscaled = replace(stdio_config, time_scale=None) if stdio_config else None
-            g = await judge_stdio(task, task.canonical_solution, pool, unscaled)
-        else:
-            g = await judge_repo(task, task.canonical_solution, pool, repo_config)
-        if not g.passed:
-            return Reference()
-        return Reference({t.name: t.ms for t in g.tests}, g.candidate_peak_memory_bytes,
-                         g.candidate_cpu_ms)
-
-    async def reference_for(task: Task, harness: NamespaceSandbox | None = None) -> Reference:
-        """The reference solution's measurements, once per task, when something uses
-        them (scaled time limits, efficiency or memory scores)."""
-        if not task.canonical_solution or not wants_reference(task):
-            return Reference()
-        if task.task_id not in references:
-            future = references[task.task_id] = asyncio.get_running_loop().create_future()
-            try:
-                future.set_result(await measure(task, harness))
-            except BaseException as e:  # waiters on this task learn it too
-                future.set_exception(e)
-        return await references[task.task_id]
 
     async def grade_one(sample: dict[str, Any] | str) -> dict[str, Any]:
         nonlocal done
-        if isinstance(sample, str):
-            row = _row(sample, [])
-        elif sample["task_id"] not in tasks:
-            row = _row(f"unknown task_id {sample['task_id']!r}", [])
-            row["task_id"] = sample["task_id"]
-        elif tasks[sample["task_id"]].kind is TaskKind.STDIO:
-            row = await grade_stdio(sample)
-        elif tasks[sample["task_id"]].kind is TaskKind.REPO:
-            row = await grade_repo(sample)
-        elif not isinstance(sample.get("completion"), str):
-            row = _row(f"task {sample['task_id']!r} is a function task: the sample needs "
-                       "a \"completion\" string", [])
-            row["task_id"] = sample["task_id"]
+        problem = ev.check(sample)
+        if problem is not None:
+            row = error_row(sample, problem)
         else:
+            assert isinstance(sample, dict)
             grades = []
-            task = tasks[sample["task_id"]]
             reference = Reference()
             for _ in range(repeat):
-                harness = await harnesses.get()
-                try:
-                    reference = await reference_for(task, harness)
-                    grades.append(await judge_function(task, sample["completion"], pool,
-                                                       config, harness, reference.times))
-                finally:
-                    harnesses.put_nowait(harness)
-            row = _row(sample, grades, reward_spec,
-                       await style_of(sample["completion"], task.prompt), reference)
+                grade, reference = await ev.attempt(sample)
+                grades.append(grade)
+            row = await ev.row(sample, grades, reference)
         done += 1
         if progress is not None:
             progress(done, len(samples))
         return row
 
-    async def grade_stdio(sample: dict[str, Any]) -> dict[str, Any]:
-        lang = sample.get("language", "python")
-        try:
-            if not isinstance(lang, str):
-                raise UnknownLanguage(f"language must be a string, got {lang!r}")
-            language(lang)
-            if not isinstance(sample.get("completion"), str):
-                raise UsageError("a stdio task's sample needs a \"completion\" string (the "
-                                 "program)")
-        except UsageError as e:
-            row = _row(f"task {sample['task_id']!r}: {e}", [])
-            row["task_id"] = sample["task_id"]
-            return row
-        task = tasks[sample["task_id"]]
-        grades = []
-        reference = Reference()
-        for _ in range(repeat):
-            async with slots:
-                reference = await reference_for(task)
-                grades.append(await judge_stdio(task, sample["completion"], pool,
-                                                stdio_config, lang, reference.times))
-        python = lang in ("python", "python3", "py")
-        return _row(sample, grades, reward_spec,
-                    await style_of(sample["completion"], "") if python else None, reference)
-
-    async def grade_repo(sample: dict[str, Any]) -> dict[str, Any]:
-        task = tasks[sample["task_id"]]
-        answer: Any = sample["files"] if "completion" not in sample else sample["completion"]
-        grades = []
-        reference = Reference()
-        for _ in range(repeat):
-            async with slots:
-                reference = await reference_for(task)
-                grades.append(await judge_repo(task, answer, pool, repo_config))
-        style, lines = await repo_style(task, answer)
-        return _row(sample, grades, reward_spec, style, reference, lines, by_cpu=True)
-
-    async def repo_style(task: Task, answer: Any) -> tuple[tuple[str, ...] | None, int]:
-        """ruff's findings on the Python lines the candidate wrote, and how many it wrote."""
-        if not weighted or reward_spec is None or reward_spec.style == 0:
-            return None, 1
-        try:
-            tree = (candidate_tree(task, patch=answer) if isinstance(answer, str)
-                    else candidate_tree(task, files=answer))
-        except TreeError:
-            return None, 1  # graded FAILED; its style does not matter
-        findings: list[str] = []
-        for path, changed in sorted(tree.changed.items()):
-            found = await asyncio.get_running_loop().run_in_executor(
-                None, style_findings, tree.files[path].decode("utf-8", "replace"))
-            findings += [f"{path}: {f}" for f in found if _finding_line(f) in changed]
-        return tuple(findings), max(1, sum(len(c) for c in tree.changed.values()))
-
     try:
+        await ev.start(len(samples))
         rows = await asyncio.gather(*(grade_one(s) for s in samples))
     finally:
-        while not harnesses.empty():
-            await harnesses.get_nowait().close()
-    wall = time.monotonic() - t0
+        await ev.close()
+    return list(rows), summarize(tasks, list(rows), repeat, time.monotonic() - t0)
+
+
+def summarize(tasks: dict[str, Task], rows: list[dict[str, Any]], repeat: int,
+              wall: float) -> dict[str, Any]:
+    """The run's summary from its rows (pass@1 over the graded ones, counts, determinism,
+    the visible/hidden gap, canaries); `wall_s` and `graded_per_s` from `wall`."""
     graded = [r for r in rows if r["reward"] is not None]
-    summary = {
+    return {
         "samples": len(rows),
         "pass@1": round(sum(r["passed"] for r in graded) / len(graded), 6) if graded else None,
         "outcomes": dict(Counter(r["outcome"] for r in rows)),
@@ -336,7 +410,6 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
         "wall_s": round(wall, 3),
         "graded_per_s": round(len(rows) * repeat / wall, 2) if wall > 0 else None,
     }
-    return list(rows), summary
 
 
 def _gap(graded: list[dict[str, Any]]) -> dict[str, float | None]:
