@@ -153,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="function tasks: add the amplified tests stored in FILE (python -m "
                    "trialbox.judge.amplify), or 'humaneval' for the shipped set, to each "
                    "task's hidden tests")
+    e.add_argument("--db", default=None, metavar="FILE",
+                   help="journal every attempt (sample x repeat) as a scheduler task in "
+                   "this SQLite file: watch it with `trialbox tasks status RUN --db FILE`, "
+                   "finish it after a crash with --resume")
+    e.add_argument("--run", default="eval", metavar="NAME",
+                   help="the run's name in --db (default 'eval')")
+    e.add_argument("--resume", action="store_true",
+                   help="finish the run NAME of --db: attempts already graded are read "
+                   "back from the journal, not graded again (same inputs required)")
 
     a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
     asub = a.add_subparsers(dest="audit", required=True)
@@ -236,37 +245,68 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _eval(args: argparse.Namespace) -> int:
-    from trialbox.judge.evaluate import evaluate, progress_bar, read_samples
+    from trialbox.judge.evaluate import Evaluator, evaluate, progress_bar, read_samples
     from trialbox.judge.function import JudgeConfig, judge_pool_config
     from trialbox.judge.reward import RewardSpec
     from trialbox.judge.stdio import StdioJudgeConfig
     from trialbox.sandbox import CellPool
     from trialbox.store.tasks import index, load_tasks
+    if args.resume and not args.db:
+        raise UsageError("--resume needs --db FILE: the journal of the eval run to finish")
+    if args.repeat < 1 or args.workers < 1:
+        raise UsageError("--repeat and --workers must be at least 1")
     loaded = load_tasks(args.tasks)
     if args.amplified:
         from trialbox.judge.amplify import apply, load
         loaded = apply(loaded, load(args.amplified))
     tasks = index(loaded)
     samples = read_samples(args.samples)
-    try:
-        out = open(args.out, "w")
-    except OSError as e:
-        raise UsageError(f"cannot write --out {args.out}: {e.strerror}") from e
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK) or (
+            os.path.exists(args.out) and not os.access(args.out, os.W_OK)):
+        raise UsageError(f"cannot write --out {args.out}: its directory is missing or "
+                         "read-only")
+    config = JudgeConfig(time_scale=args.time_scale) if args.time_scale else None
+    stdio = StdioJudgeConfig(time_scale=args.time_scale) if args.time_scale else None
+    spec = (RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1,
+                       binary=False) if args.reward == "weighted" else None)
+    journal = None
+    if args.db:  # checked against the run before any sandbox starts or row is written
+        from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
+        with open(args.samples, "rb") as f:
+            raw = f.read()
+        fingerprint = inputs_fingerprint(raw, list(tasks), repeat=args.repeat,
+                                         reward=args.reward, time_scale=args.time_scale,
+                                         amplified=args.amplified)
+        journal = open_run(args.db, args.run, fingerprint, args.resume)
     pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32))).start()
     try:
-        config = JudgeConfig(time_scale=args.time_scale) if args.time_scale else None
-        stdio = StdioJudgeConfig(time_scale=args.time_scale) if args.time_scale else None
-        spec = (RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1,
-                           binary=False) if args.reward == "weighted" else None)
-        rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
-                                       workers=args.workers, config=config,
-                                       stdio_config=stdio,
-                                       reward_spec=spec, progress=progress_bar)
+        if journal is not None:
+            ev = Evaluator(tasks, pool, workers=args.workers, config=config,
+                           stdio_config=stdio, reward_spec=spec)
+            rows, summary, info = await evaluate_journaled(
+                journal, args.run, ev, samples, repeat=args.repeat,
+                fingerprint=fingerprint, resume=args.resume, progress=progress_bar)
+            print(f"trialbox: eval run {info.run_id!r} in {args.db}: {info.graded_now} "
+                  f"attempts graded now, {info.read_back} read back from the journal",
+                  file=sys.stderr)
+        else:
+            rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
+                                           workers=args.workers, config=config,
+                                           stdio_config=stdio,
+                                           reward_spec=spec, progress=progress_bar)
     finally:
         await pool.close()
-    with out:
-        for row in rows:
-            out.write(json.dumps(row) + "\n")
+        if journal is not None:
+            journal.close()
+    tmp = f"{args.out}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+        os.replace(tmp, args.out)
+    except OSError as e:
+        raise UsageError(f"cannot write --out {args.out}: {e.strerror}") from e
     print(json.dumps(summary))
     return 0
 

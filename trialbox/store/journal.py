@@ -384,6 +384,28 @@ class Journal:
                                   turns.get(tid, 0)))
         return out
 
+    def run_config(self, run_id: str) -> dict[str, Any] | None:
+        """The config a run was recorded with (`add_run`), or None: no such run."""
+        row = self.conn.execute("SELECT config FROM runs WHERE run_id=?",
+                                (run_id,)).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def grades_of(self, run_id: str,
+                  task_id: str | None = None) -> dict[tuple[str, int], Any]:
+        """{(task_id, attempt): grade data} of a run (or of one of its tasks)."""
+        sql = "SELECT task_id, attempt, data FROM grades WHERE run_id=?"
+        args: tuple[str, ...] = (run_id,)
+        if task_id is not None:
+            sql, args = sql + " AND task_id=?", (run_id, task_id)
+        return {(tid, attempt): json.loads(data)
+                for tid, attempt, data in self.conn.execute(sql, args)}
+
+    def results_of(self, run_id: str) -> dict[str, tuple[str, int, float | None, str]]:
+        """{task_id: (final state, attempt, reward, cause)} of a run's final tasks."""
+        return {tid: (state, attempt, reward, cause) for tid, state, attempt, reward, cause
+                in self.conn.execute("SELECT task_id, state, attempt, reward, cause FROM "
+                                     "results WHERE run_id=?", (run_id,))}
+
     def turns_of(self, run_id: str, task_id: str) -> list[Any]:
         return [json.loads(r[0]) for r in self.conn.execute(
             "SELECT data FROM turns WHERE run_id=? AND task_id=? ORDER BY idx",
