@@ -178,7 +178,10 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
         for r in range(repeat):
             tid = attempt_id(i, r, sample["task_id"])
             state, attempt, _, cause = finished[tid]
-            data = grades.get((tid, attempt))
+            # its last grade: of its final attempt, or of an earlier one whose DONE a
+            # crash cut off (the job then returned that grade's reward)
+            mine = [a for (t, a) in grades if t == tid and a <= attempt]
+            data = grades[(tid, max(mine))] if mine else None
             if data is None:  # timed out or broke before the judge gave a verdict
                 attempt_grades.append(Grade(sample["task_id"], Outcome.INFRA,
                                             message=f"attempt {state} ({cause}) "
