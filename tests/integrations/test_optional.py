@@ -12,7 +12,7 @@ import sys
 def test_importing_the_integrations_pulls_no_trainer_library() -> None:
     code = ("import sys, json\n"
             "import trialbox.integrations.trl, trialbox.integrations.verl, "
-            "trialbox.integrations.gym\n"
+            "trialbox.integrations.gym, trialbox.integrations.trl_env\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('trl', 'verl', 'gymnasium', 'gym', 'datasets'))))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

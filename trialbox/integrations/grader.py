@@ -13,6 +13,7 @@ the layers above pass a fake.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from trialbox.types import Grade, Outcome, Task, TaskKind
 T = TypeVar("T")
 
 __all__ = ["Grader", "GraderConfig", "GradeFn", "LoopThread", "ThreadedGrader", "answer_of",
-           "resolve_task", "reward_of", "task_index"]
+           "close_shared_grader", "resolve_task", "reward_of", "shared_grader", "task_index"]
 
 
 class GradeFn(Protocol):
@@ -219,3 +220,28 @@ def resolve_task(tasks: dict[str, Task], ref: Any, where: str) -> Task:
         return task
     raise UsageError(f"{where}: a task id (str) or a task row (dict or JSON text) was "
                      f"expected, got {type(ref).__name__}")
+
+
+_shared_lock = threading.Lock()
+_shared: ThreadedGrader | None = None
+
+
+def shared_grader() -> ThreadedGrader:
+    """This process's shared ThreadedGrader (one pool for every caller that has no grader
+    of its own: verl's compute_score, TRL's environment instances), started on first use
+    and closed at exit or by `close_shared_grader()`."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.thread.closed:
+            if _shared is None:
+                atexit.register(close_shared_grader)
+            _shared = ThreadedGrader()
+        return _shared
+
+
+def close_shared_grader() -> None:
+    """Release the shared grader's pool (a later `shared_grader()` starts a new one)."""
+    with _shared_lock:
+        grader = _shared
+    if grader is not None:
+        grader.close()

@@ -24,7 +24,6 @@ skip a sample, so an infrastructure failure (trialbox's reward None) scores 0.0 
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import threading
@@ -34,10 +33,11 @@ from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.integrations.grader import (
-    ThreadedGrader,
+    close_shared_grader,
     answer_of,
     resolve_task,
     reward_of,
+    shared_grader,
     task_index,
 )
 from trialbox.types import Task
@@ -45,7 +45,6 @@ from trialbox.types import Task
 __all__ = ["compute_score", "shutdown"]
 
 _lock = threading.Lock()
-_grader: ThreadedGrader | None = None
 _tasks: dict[str, dict[str, Task]] = {}
 
 
@@ -61,13 +60,7 @@ def _task(ground_truth: Any) -> Task:
 
 
 def _local(task: Task, answer: str) -> float | None:
-    global _grader
-    with _lock:
-        if _grader is None:
-            _grader = ThreadedGrader()
-            atexit.register(shutdown)
-        grader = _grader
-    return reward_of(grader.grade_all([(task, answer)])[0])
+    return reward_of(shared_grader().grade_all([(task, answer)])[0])
 
 
 def _remote(url: str, ground_truth: Any, task: Task, answer: str) -> float | None:
@@ -112,8 +105,4 @@ def compute_score(data_source: Any, solution_str: str, ground_truth: Any,
 
 def shutdown() -> None:
     """Release this process's judge pool (also run at exit)."""
-    global _grader
-    with _lock:
-        grader, _grader = _grader, None
-    if grader is not None:
-        grader.close()
+    close_shared_grader()
