@@ -361,7 +361,8 @@ class Journal:
 
     def flush_now(self) -> None:
         """Commit whatever is staged, outside the loop's tick (shutdown, tests)."""
-        if self._waiters or self._transitions or self._turns or self._results:
+        if (self._waiters or self._transitions or self._turns or self._results
+                or self._grades):
             self.flush()
 
     # -- recovery ----------------------------------------------------------------------
