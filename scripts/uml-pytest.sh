@@ -31,8 +31,14 @@ cat > "$work/init" <<INIT
 #!/bin/sh
 mount -t proc proc /proc
 mount -t sysfs sys /sys
-mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
+# A checkout (or interpreter) under the host's /tmp would vanish under the guest's own
+# /tmp: keep it, bound back in place.
+case "$repo/ $python" in *"/tmp/"*) mkdir -p /run/keep-tmp && mount --bind /tmp /run/keep-tmp ;; esac
+mount -t tmpfs tmp /tmp
+for p in $repo $(dirname "$(dirname "$python")"); do
+  case "\$p" in /tmp/*) mkdir -p "\$p" && mount --bind "/run/keep-tmp/\${p#/tmp/}" "\$p" ;; esac
+done
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t devtmpfs dev /dev 2>/dev/null
 ln -s /proc/self/fd /dev/fd; ln -s fd/0 /dev/stdin; ln -s fd/1 /dev/stdout; ln -s fd/2 /dev/stderr

@@ -316,12 +316,14 @@ def test_d_empty_files_are_bounded_by_inodes(runner):
 
 
 def test_d_disk_fill_under_a_smaller_memory_limit_is_disk(run_one):
-    """A 60 MB file into a 64 MB workspace under a 32 MB memory limit: the OOM killer
-    fires first (tmpfs pages are memory); the cause named is the disk (before: memory)."""
+    """Filling a 64 MB workspace under a 32 MB memory limit: tmpfs pages are memory, so
+    the OOM killer usually fires first — the cause named is the disk either way (before:
+    memory). Which limit trips first is a race (the workspace's pages count as what the
+    session may carry), so both of the disk's messages are right."""
     r = run_one("f = open('fill', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))",
                 memory_mb=32, disk_mb=64)
     assert r.status is ExecStatus.DISK, describe(r)
-    assert "workspace files" in r.message, describe(r)
+    assert "workspace files" in r.message or "workspace full" in r.message, describe(r)
 
 
 def test_d_a_plain_memory_bomb_is_still_memory(run_one):
