@@ -84,6 +84,10 @@ class JudgeConfig:
     see `reference_times`."""
     min_call_timeout_s: float = 0.5
     """The floor of a scaled per-test limit (scheduling noise must not fail a test)."""
+    run_static_cheats: bool = False
+    """Run an attempt whose source alone already scores it CHEAT (`_static_cheat`)
+    anyway. The verdict is the same either way; tests set it to check that the
+    machinery alone also fails such a cheat (defence in depth)."""
 
     def __post_init__(self) -> None:
         if self.call_timeout_s <= 0 or self.load_timeout_s <= 0 or self.retries < 0:
@@ -301,8 +305,33 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
                          f"{type(completion).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise UsageError(f"{task.task_id}: seed must be an int or None, got {seed!r}")
+    unrun = None if config.run_static_cheats else _static_cheat(task, completion)
+    if unrun is not None:
+        return unrun
     return await _judge(task, completion, pool, config, harness, reference or {}, seed,
                         with_control=True)
+
+
+def _static_cheat(task: Task, completion: str) -> Grade | None:
+    """The grade of an attempt whose source alone already makes it a cheat, or None.
+
+    A static detector outside `BOUNDARY_DETECTORS` (a frame walk, a builtins patch, an
+    exit call, ...) scores the attempt CHEAT whatever its run shows (`_with_flags`), so
+    running it can change nothing but the cost: it is scored here, unrun, with no
+    per-test results and no seed (the message says so). The scan reads only the source,
+    in the trusted process, so the verdict is the same on every re-grade. Boundary
+    detectors (an always-equal class) depend on what the run returned: those attempts
+    still run."""
+    flags = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
+    cheats = [f for f in flags
+              if f.detector in CHEAT_DETECTORS and f.detector not in BOUNDARY_DETECTORS]
+    if not cheats:
+        return None
+    detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
+    return Grade(task.task_id, Outcome.CHEAT,
+                 flags=tuple(sorted({f.detector for f in flags})),
+                 message=f"cheat detected — {detail} (scored from the source, not run: "
+                         f"no run can change this verdict)"[:2000])
 
 
 async def _judge(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
