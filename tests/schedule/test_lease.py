@@ -91,3 +91,56 @@ def test_direct_leaser_on_the_namespace_tier(runner):
 
     runner.run(body())
     no_leaks(runner)
+
+
+def test_quota_waiters_are_served_by_priority_then_arrival():
+    from trialbox.schedule.quotas import Capacity, Quota, ResourcePool
+
+    async def body():
+        pool = ResourcePool(Capacity(cpus=1, memory_mb=1000, disk_mb=1000), reserve=0)
+        q = Quota(cpus=1, memory_mb=1, disk_mb=1)
+        await pool.acquire(q)  # the machine is full
+        order: list[str] = []
+
+        async def want(name, prio):
+            async with pool.hold(q, prio):
+                order.append(name)
+                await asyncio.sleep(0)
+
+        waiters = [asyncio.ensure_future(want(n, p)) for n, p in
+                   (("train-b", (2, 9)), ("eval", (1, 50)), ("train-a", (2, 3)),
+                    ("interactive", (0, 99)), ("train-a2", (2, 3)))]
+        await asyncio.sleep(0)
+        pool.release(q)
+        await asyncio.gather(*waiters)
+        assert order == ["interactive", "eval", "train-a", "train-a2", "train-b"]
+        assert pool.cpus == 0
+
+    asyncio.run(body())
+
+
+def test_a_lease_inside_its_episode_s_slot_reserves_nothing_more():
+    from trialbox.schedule.leasing import SchedulerLeaser
+    from trialbox.schedule.quotas import Capacity, ResourcePool
+
+    async def body():
+        pool = ResourcePool(Capacity(cpus=1, memory_mb=1000, disk_mb=1000), reserve=0)
+        leaser = SchedulerLeaser(pool, opener=_fake,
+                                 default_limits=Limits(cpus=1, memory_mb=100, disk_mb=10))
+        async with leaser.slot("ep"):
+            assert pool.cpus == 1  # the turn's reservation
+            async with leaser.lease("ep") as sb:  # its own run: no second reservation
+                assert pool.cpus == 1 and isinstance(sb, FakeSandbox)
+            other = asyncio.ensure_future(_lease_once(leaser, "other"))
+            await asyncio.sleep(0.01)
+            assert not other.done()  # another episode waits for the capacity
+        await asyncio.wait_for(other, 1)
+        assert pool.cpus == 0 and leaser._holding == {}
+        await leaser.close()
+
+    asyncio.run(body())
+
+
+async def _lease_once(leaser, episode):
+    async with leaser.lease(episode):
+        pass

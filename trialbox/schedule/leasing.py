@@ -12,6 +12,13 @@ Same protocol as `DirectLeaser` — the agent loop does not change — plus, per
 
 Compute is held only inside the `async with`: between leases the session is parked
 (files kept, cell handed back), so a task that is thinking holds no sandbox.
+
+`slot(episode)` reserves the same quota for a stretch of environment work that is not one
+run in the episode's session — an agent loop's turn: the run *and* the trusted judge's
+own sandboxes, or the judge alone (`AgentConfig.execute = False`). A lease of that
+episode inside its slot reserves nothing more (one reservation per episode at a time), so
+one `ResourcePool` admits every sandbox of a turn. Waiters are ordered by the task's
+(tier, submission order): see quotas.py.
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ class LeaseObserver(Protocol):
 
     async def lease_ended(self, episode: str) -> None: ...
 
+    def priority_of(self, episode: str) -> tuple[int, ...]:
+        """Where the episode's reservations wait: smaller first (quotas.py)."""
+        ...
+
 
 class SchedulerLeaser:
     def __init__(self, resources: ResourcePool, rate: RateLimiter | None = None,
@@ -42,6 +53,8 @@ class SchedulerLeaser:
         self._inner = opener
         self.direct = DirectLeaser(self._open)
         self.stats = self.direct.stats
+        self._holding: dict[str, int] = {}
+        """Episodes inside a `slot()` (their quota is already reserved), and how deep."""
 
     async def _open(self, limits: Limits | None) -> Sandbox:
         if self.rate is not None:
@@ -52,10 +65,34 @@ class SchedulerLeaser:
         limits = limits or self.default_limits
         return Quota.of(limits) if limits is not None else Quota.of(Limits())
 
+    def _priority(self, episode: str) -> tuple[int, ...]:
+        return self.observer.priority_of(episode) if self.observer is not None else ()
+
+    @asynccontextmanager
+    async def _reserve(self, episode: str, limits: Limits | None) -> AsyncIterator[None]:
+        if self._holding.get(episode):  # inside this episode's slot: reserved already
+            yield
+            return
+        async with self.resources.hold(self.quota(limits), self._priority(episode)):
+            self._holding[episode] = self._holding.get(episode, 0) + 1
+            try:
+                yield
+            finally:
+                n = self._holding.pop(episode) - 1
+                if n:
+                    self._holding[episode] = n
+
+    def slot(self, episode: str,
+             limits: Limits | None = None) -> AbstractAsyncContextManager[None]:
+        """The episode's quota, reserved for the `async with` (no session is opened): the
+        admission of one turn's environment work. Leases of the episode inside it
+        reserve nothing more."""
+        return self._reserve(episode, limits or self.default_limits)
+
     @asynccontextmanager
     async def _lease(self, episode: str, limits: Limits | None) -> AsyncIterator[Sandbox]:
         limits = limits or self.default_limits
-        async with self.resources.hold(self.quota(limits)):
+        async with self._reserve(episode, limits):
             async with self.direct.lease(episode, limits) as sb:
                 if self.observer is not None:
                     await self.observer.lease_started(episode, sb)

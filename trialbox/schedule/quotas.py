@@ -6,17 +6,20 @@ host, the zygote, the judge and bursts — and gives it back when the lease ends
 larger than the usable capacity can never be granted; that is refused at once with a
 UsageError saying what to change, instead of waiting forever.
 
-Waiters are served first come first served (a large quota at the head waits for room
-rather than being overtaken forever by small ones).
+Waiters are served by priority, then first come first served (a large quota at the head
+waits for room rather than being overtaken forever by small ones). The scheduler's leases
+wait with their task's (tier, submission order): urgent tiers first, and within a tier
+the task submitted first (a trainer's oldest batch before the younger ones).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import os
 import shutil
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -91,7 +94,9 @@ class ResourcePool:
         self.cpus = 0.0
         self.memory_mb = 0
         self.disk_mb = 0
-        self._waiters: deque[tuple[Quota, asyncio.Future[None]]] = deque()
+        self._waiters: list[tuple[tuple[int, ...], int, Quota, asyncio.Future[None]]] = []
+        """A heap: (priority, arrival, quota, future); the smallest is served first."""
+        self._arrival = itertools.count()
         self.peak_cpus = 0.0
 
     def check(self, q: Quota) -> None:
@@ -121,24 +126,31 @@ class ResourcePool:
         self.cpus -= q.cpus
         self.memory_mb -= q.memory_mb
         self.disk_mb -= q.disk_mb
+        self._grant()
+
+    def _grant(self) -> None:
+        """Serve waiters in order while the most urgent one fits."""
         while self._waiters:
-            wq, fut = self._waiters[0]
+            _, _, wq, fut = self._waiters[0]
             if fut.done():  # the waiter gave up (cancelled)
-                self._waiters.popleft()
+                heapq.heappop(self._waiters)
                 continue
             if not self._fits(wq):
                 break
-            self._waiters.popleft()
+            heapq.heappop(self._waiters)
             self._take(wq)
             fut.set_result(None)
 
-    async def acquire(self, q: Quota) -> None:
+    async def acquire(self, q: Quota, priority: tuple[int, ...] = ()) -> None:
+        """Reserve `q`, waiting behind more urgent waiters (smaller `priority`; equal
+        ones first come first served)."""
         self.check(q)
         if not self._waiters and self._fits(q):
             self._take(q)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((q, fut))
+        heapq.heappush(self._waiters, (priority, next(self._arrival), q, fut))
+        self._grant()
         try:
             await fut
         except asyncio.CancelledError:
@@ -147,8 +159,8 @@ class ResourcePool:
             raise
 
     @asynccontextmanager
-    async def hold(self, q: Quota) -> AsyncIterator[None]:
-        await self.acquire(q)
+    async def hold(self, q: Quota, priority: tuple[int, ...] = ()) -> AsyncIterator[None]:
+        await self.acquire(q, priority)
         try:
             yield
         finally:

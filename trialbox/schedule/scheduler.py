@@ -38,6 +38,7 @@ Rules the code below keeps (docs/scheduler.md says why):
 from __future__ import annotations
 
 import asyncio
+import enum
 import random
 import time
 import uuid
@@ -59,6 +60,20 @@ from trialbox.telemetry.instrument import task_moved
 from trialbox.types import ExecResult, Limits, TaskState
 
 S = TaskState
+
+
+class Priority(enum.IntEnum):
+    """The priority classes that share one machine's sandbox capacity (a `TaskSpec`'s
+    `priority`, i.e. its tier, with the default three tiers). Lower is more urgent: it is
+    dispatched first, may preempt the classes below it, and its quota reservations wait
+    ahead of theirs."""
+
+    INTERACTIVE = 0
+    """A service request a person or a client is waiting on (`/v1` submissions)."""
+    EVAL = 1
+    """An evaluation attempt (`trialbox eval --db`); also `TaskSpec`'s default."""
+    TRAIN = 2
+    """A training episode (`trialbox train`): uses whatever capacity is left."""
 
 
 @dataclass
@@ -121,7 +136,8 @@ class TaskSpec:
 
     task_id: str
     payload: Any = None
-    priority: int = 1
+    priority: int = Priority.EVAL
+    """The tier (0 most urgent); `Priority` names the classes."""
     trace_id: str = ""
     """Links the task's transitions to its trace; a fresh one when empty."""
 
@@ -161,6 +177,11 @@ class TaskContext:
     def lease(self, limits: Limits | None = None) -> AbstractAsyncContextManager[Sandbox]:
         """The task's sandbox session with compute, for one execution (EXECUTING)."""
         return self._s.leaser.lease(self.task_id, limits)
+
+    def slot(self, limits: Limits | None = None) -> AbstractAsyncContextManager[None]:
+        """The task's quota for one turn's environment work without a session of its
+        own (e.g. the judge's sandboxes); a `lease()` inside it reserves nothing more."""
+        return self._s.leaser.slot(self.task_id, limits)
 
     @property
     def leaser(self) -> SchedulerLeaser:
@@ -561,6 +582,12 @@ class Scheduler:
         self._idle.set()
 
     # ------------------------------------------------------------------ lease hooks
+    def priority_of(self, episode: str) -> tuple[int, ...]:
+        """A task's quota reservations wait by (tier, submission order); other episodes'
+        (not tasks of this scheduler) ahead of them, first come first served."""
+        rec = self.tasks.get(episode)
+        return () if rec is None else (rec.priority, rec.seq)
+
     async def lease_started(self, episode: str, sb: Sandbox) -> None:
         rec = self.tasks.get(episode)
         if rec is None or rec.state is not S.GENERATING:
