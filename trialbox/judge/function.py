@@ -41,6 +41,7 @@ from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra
 from trialbox.judge.anticheat import (
     BOUNDARY_DETECTORS,
     CHEAT_DETECTORS,
+    Flag,
     canary_check,
     dynamic_scan,
     static_scan,
@@ -305,14 +306,15 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
                          f"{type(completion).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise UsageError(f"{task.task_id}: seed must be an int or None, got {seed!r}")
-    unrun = None if config.run_static_cheats else _static_cheat(task, completion)
+    static = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
+    unrun = None if config.run_static_cheats else _static_cheat(task, static)
     if unrun is not None:
         return unrun
     return await _judge(task, completion, pool, config, harness, reference or {}, seed,
-                        with_control=True)
+                        with_control=True, static=static)
 
 
-def _static_cheat(task: Task, completion: str) -> Grade | None:
+def _static_cheat(task: Task, flags: tuple[Flag, ...]) -> Grade | None:
     """The grade of an attempt whose source alone already makes it a cheat, or None.
 
     A static detector outside `BOUNDARY_DETECTORS` (a frame walk, a builtins patch, an
@@ -322,7 +324,6 @@ def _static_cheat(task: Task, completion: str) -> Grade | None:
     in the trusted process, so the verdict is the same on every re-grade. Boundary
     detectors (an always-equal class) depend on what the run returned: those attempts
     still run."""
-    flags = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
     cheats = [f for f in flags
               if f.detector in CHEAT_DETECTORS and f.detector not in BOUNDARY_DETECTORS]
     if not cheats:
@@ -336,7 +337,8 @@ def _static_cheat(task: Task, completion: str) -> Grade | None:
 
 async def _judge(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
                  harness: NamespaceSandbox | None, reference: dict[str, float],
-                 seed: int | None, with_control: bool) -> Grade:
+                 seed: int | None, with_control: bool,
+                 static: tuple[Flag, ...] | None = None) -> Grade:
     program, name = control_program(task)
     control = None
     if with_control and completion != program:
@@ -345,7 +347,7 @@ async def _judge(task: Task, completion: str, pool: CellPool, config: JudgeConfi
                              reference, None, with_control=False)
             return control_of(name, g, reference=bool(task.canonical_solution))
     grade = await with_infra_retries(
-        lambda: _attempt(task, completion, pool, config, harness, reference, seed),
+        lambda: _attempt(task, completion, pool, config, harness, reference, seed, static),
         config.retries, task.task_id, control)
     if SELF_INFLICTED in grade.flags and _PAST_DEADLINE in grade.message:
         # The candidate's answers made trusted test code overrun its deadline: time.
@@ -365,7 +367,7 @@ def control_program(task: Task) -> tuple[str, str]:
 
 async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
                    shared: NamespaceSandbox | None, reference: dict[str, float],
-                   seed: int | None) -> Grade:
+                   seed: int | None, static: tuple[Flag, ...] | None = None) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
@@ -408,7 +410,8 @@ async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeCon
         if shared is None:
             await harness.close()
     grade = _grade(task, tests, nonce, rc, rh, (time.monotonic() - t0) * 1e3, report)
-    return canary_check(_with_flags(replace(grade, seed=seed), task, completion, rc), task)
+    return canary_check(_with_flags(replace(grade, seed=seed), task, completion, rc, static),
+                        task)
 
 
 def _job(task: Task, config: JudgeConfig, reference: dict[str, float]) -> dict[str, Any]:
@@ -446,7 +449,8 @@ def _server_result(report: dict[str, Any] | None, nonce: str, why: str, broken: 
     return ExecResult(ExecStatus.OK, exit_code=0, runtime=pool.runtime.id)
 
 
-def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Grade:
+def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult,
+                static: tuple[Flag, ...] | None = None) -> Grade:
     """Run the detectors. Flags never turn a failure into a pass; a cheat detector that
     fires scores the attempt CHEAT (reward 0) and names itself — whatever else the
     attempt ended with: a flagged attempt is never excluded (infra or a broken task),
@@ -458,8 +462,10 @@ def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult) -> Gr
     cheat only when the candidate tried to return an object the codec refused (a
     sentinel used inside a correct solution — a -inf whose __lt__ is always True, a
     MISSING never equal to anything — is only reported)."""
-    flags = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
-    flags += dynamic_scan(rc.stdout, rc.stderr)
+    if static is None:  # else scanned once already, by judge_function
+        static = static_scan(task.prompt + completion, task.prompt,
+                             entry_point=task.entry_point)
+    flags = static + dynamic_scan(rc.stdout, rc.stderr)
     if not flags:
         return grade
     names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
