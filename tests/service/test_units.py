@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
 from trialbox.errors import UsageError
-from trialbox.sandbox.fake import FakeSandbox
+from trialbox.sandbox.fake import FakeProvider, FakeSandbox
 from trialbox.service.admission import Admission, Overloaded
 from trialbox.service.config import ServiceConfig, is_loopback
 from trialbox.service.fusion import fusion_response
 from trialbox.service.guard import TokenBucket
 from trialbox.service.state import Sessions
+from trialbox.store.journal import Journal
 from trialbox.types import ExecResult, ExecStatus, Limits
+
+
+async def _admission(running: int, queued: int, wait_s: float) -> Admission:
+    return await Admission(running=running, queued=queued, wait_s=wait_s).start(
+        FakeProvider())
 
 
 def test_admission_bounds_running_and_waiting() -> None:
     async def body() -> None:
-        adm = Admission(running=1, queued=1, wait_s=5)
+        adm = await _admission(running=1, queued=1, wait_s=5)
         release = asyncio.Event()
 
         async def hold() -> None:
@@ -28,9 +35,9 @@ def test_admission_bounds_running_and_waiting() -> None:
                 await release.wait()
 
         first = asyncio.create_task(hold())
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
         second = asyncio.create_task(hold())
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
         assert (adm.running, adm.waiting) == (1, 1)
         with pytest.raises(Overloaded) as e:  # full: refused at once
             async with adm.slot():
@@ -39,13 +46,14 @@ def test_admission_bounds_running_and_waiting() -> None:
         release.set()
         await asyncio.gather(first, second)
         assert (adm.running, adm.waiting, adm.admitted) == (0, 0, 2)
+        await adm.close()
 
     asyncio.run(body())
 
 
 def test_admission_wait_times_out() -> None:
     async def body() -> None:
-        adm = Admission(running=1, queued=4, wait_s=10)
+        adm = await _admission(running=1, queued=4, wait_s=10)
         async with adm.slot():
             t0 = time.monotonic()
             with pytest.raises(Overloaded, match="no sandbox slot"):
@@ -53,6 +61,51 @@ def test_admission_wait_times_out() -> None:
                     pass
             assert time.monotonic() - t0 < 2
         assert adm.waiting == 0
+        await adm.close()
+
+    asyncio.run(body())
+
+
+def test_every_admitted_request_is_a_journaled_scheduler_task(tmp_path: Path) -> None:
+    """Admission is the scheduler: each slot is a task at the interactive tier, its
+    lease EXECUTING only while code runs, its outcome the task's one result row; a
+    waiter refused for time is CANCELLED, nothing run."""
+    async def body() -> None:
+        provider = FakeProvider()
+        adm = await Admission(running=1, queued=4, wait_s=10,
+                              journal=str(tmp_path / "j.db")).start(provider)
+        assert adm.scheduler is not None and adm.scheduler.config.max_active == 1
+        async with adm.slot(kind="exec") as ticket:
+            async with ticket.ctx.lease(Limits(wall_s=1)) as sb:
+                await sb.exec(["true"])
+            ticket.reward = 0.0
+            with pytest.raises(Overloaded):  # the one slot is held: times out waiting
+                async with adm.slot(timeout=0.05, kind="exec"):
+                    pass
+        with pytest.raises(ValueError, match="boom"):
+            async with adm.slot(kind="exec"):
+                raise ValueError("boom")
+        assert adm.scheduler is not None
+        await adm.scheduler.drain()
+        run = adm.run_id
+        await adm.close()
+        assert all(sb.closed for sb in provider.opened) and len(provider.opened) == 1
+        with Journal(str(tmp_path / "j.db")) as j:
+            results = j.results_of(run)
+            moves = [(t, o, n) for (t, o, n) in j.conn.execute(
+                "SELECT task_id, old, new FROM transitions WHERE run_id=? ORDER BY seq",
+                (run,))]
+            prio = {t: p for (t, p) in j.conn.execute(
+                "SELECT task_id, priority FROM tasks WHERE run_id=?", (run,))}
+        assert results["exec-1"][0] == "done" and results["exec-1"][2] == 0.0
+        assert results["exec-2"][0] == "cancelled"
+        assert results["exec-3"][0] == "failed" and results["exec-3"][2] is None
+        assert set(prio.values()) == {0}  # the interactive tier
+        first = [(o, n) for (t, o, n) in moves if t == "exec-1"]
+        assert first == [("", "pending"), ("pending", "queued"), ("queued", "generating"),
+                         ("generating", "executing"), ("executing", "generating"),
+                         ("generating", "grading"), ("grading", "done")]
+        assert not any(n == "executing" for (t, o, n) in moves if t == "exec-2")
 
     asyncio.run(body())
 

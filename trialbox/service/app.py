@@ -5,14 +5,17 @@
 
 Shared state lives on `app.state` (see `ServiceState` in state.py for every field):
 
-    app.state.service   the ServiceState: config, pool, admission (queue depth),
-                        sessions, submissions, counters, started, ready
+    app.state.service   the ServiceState: config, provider, admission (the scheduler
+                        and its queue depth), sessions, submissions, counters,
+                        started, ready
     app.state.config    the ServiceConfig (same object as app.state.service.config)
     app.state.counters  the Counters (same object as app.state.service.counters)
-    app.state.pool      the CellPool, set when the lifespan has started it (None before)
+    app.state.pool      the SandboxProvider, set when the lifespan has started it
+                        (None before)
 
 Layers, outermost first: `Guard` (auth, body size, per-client rate limit, the request's
-deadline, response counting; guard.py) → the routes: `/healthz`, `/readyz`, native
+deadline, response counting; guard.py) → the routes (every sandbox-using one through
+the journaled scheduler at the interactive priority; admission.py): `/healthz`, `/readyz`, native
 `/v1` (v1.py), SandboxFusion-compatible `/run_code` (fusion.py). Errors become JSON
 bodies `{"error": kind, "message": …, "field": …}` (errors.py): a caller's mistake is
 4xx, broken machinery 503 with Retry-After, an expired deadline 504.
@@ -28,8 +31,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from trialbox.judge.function import judge_pool_config
-from trialbox.sandbox.pool import CellPool
+from trialbox.sandbox.base import SandboxProvider
 from trialbox.service import dashboard, errors, fusion, v1
 from trialbox.service.config import ServiceConfig
 from trialbox.service.guard import Guard
@@ -41,19 +43,33 @@ REAP_EVERY_S = 5.0
 """How often idle sessions are looked for and closed."""
 
 
-def create_app(config: ServiceConfig | None = None) -> FastAPI:
-    """The app for one server process. Its lifespan starts the process's one CellPool
-    (with the judge's helper modules preloaded, so runs and grading share it) and closes
-    it, and every open session, on shutdown."""
+def create_app(config: ServiceConfig | None = None,
+               provider: SandboxProvider | None = None) -> FastAPI:
+    """The app for one server process. Every sandbox comes from one `SandboxProvider`:
+    `provider` when given (the caller starts and closes it), else the lifespan starts
+    the namespace tier's CellPool (with the judge's helper modules preloaded, so runs
+    and grading share it) and closes it. The lifespan also starts the scheduler every
+    sandbox-using request goes through, and on shutdown closes every open session."""
     config = config or ServiceConfig()
     state = ServiceState.create(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await CellPool(judge_pool_config(warm=config.warm,
-                                                max_warm=max(config.warm,
-                                                             2 * config.max_running))).start()
-        state.pool = app.state.pool = pool
+        own = provider is None
+        if provider is None:
+            from trialbox.judge.function import judge_pool_config
+            from trialbox.sandbox.pool import CellPool
+            chosen: SandboxProvider = await CellPool(judge_pool_config(
+                warm=config.warm, max_warm=max(config.warm, 2 * config.max_running))).start()
+        else:
+            chosen = provider
+        try:
+            await state.admission.start(chosen)
+        except BaseException:
+            if own:
+                await _close(chosen)
+            raise
+        state.provider = app.state.pool = chosen
         state.ready = True
         reaper = asyncio.create_task(_reap_idle_sessions(state))
         try:
@@ -64,8 +80,10 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
             for session in state.sessions.drain():
                 await session.sandbox.close()
                 state.counters.sessions_closed += 1
-            await pool.close()
-            state.pool = app.state.pool = None
+            await state.admission.close()
+            if own:
+                await _close(chosen)
+            state.provider = app.state.pool = None
 
     app = FastAPI(title="trialbox", version="0.1.0", lifespan=lifespan,
                   description="Sandboxed execution and trusted grading of model-written "
@@ -84,13 +102,15 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        """Readiness: the sandbox pool is running (503 while starting or stopping).
+        """Readiness: the sandbox provider is running (503 while starting or stopping).
         Never needs the token."""
-        pool = state.pool
-        if not state.ready or pool is None or pool.closed:
-            return JSONResponse({"status": "not ready", "reason": "sandbox pool not running"},
+        provider = state.provider
+        if not state.ready or provider is None or getattr(provider, "closed", False):
+            return JSONResponse({"status": "not ready",
+                                 "reason": "sandbox provider not running"},
                                 status_code=503, headers={"Retry-After": "1"})
-        return JSONResponse({"status": "ready", "warm_cells": pool.ready_count,
+        return JSONResponse({"status": "ready", "tier": provider.tier,
+                             "warm_cells": getattr(provider, "ready_count", 0),
                              "running": state.admission.running,
                              "queued": state.admission.waiting,
                              "sessions": len(state.sessions)})
@@ -109,6 +129,12 @@ def create_app(config: ServiceConfig | None = None) -> FastAPI:
     # add them to `state.open_paths` (prefixes).
 
     return app
+
+
+async def _close(provider: SandboxProvider) -> None:
+    close = getattr(provider, "close", None)
+    if close is not None:
+        await close()
 
 
 async def _reap_idle_sessions(state: ServiceState) -> None:

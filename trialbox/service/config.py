@@ -42,7 +42,8 @@ class ServiceConfig:
     rate_burst: int = 400
     """Per-client token bucket: how many requests may arrive at once."""
     max_running: int = 8
-    """Sandbox-using requests executing at once (one CellPool per process)."""
+    """Sandbox-using requests executing at once: the scheduler's slots (one sandbox
+    provider per process)."""
     max_queued: int = 64
     """Sandbox-using requests waiting for a slot; more are refused with 503."""
     queue_wait_s: float = 30.0
@@ -64,6 +65,10 @@ class ServiceConfig:
     """The most a request may ask for; asking for more is a 422 naming the field."""
     keep_submissions: int = 10_000
     """Graded submissions remembered for `/v1/submissions/{id}` (oldest forgotten)."""
+    journal: str | None = None
+    """The scheduler's journal (SQLite) every sandbox-using request is a task in (run
+    `service-<start>-<pid>`; `trialbox tasks status RUN --db FILE`). None: a temporary
+    file, deleted at shutdown."""
     records: str | None = None
     """A SQLite file (the scheduler's journal format) where graded submissions are kept,
     so they survive a restart; None: in memory only."""

@@ -1,8 +1,10 @@
 """Running work for a request: through the admission queue, against its deadline.
 
-    result = await guarded(state, request, lambda: run_code(sb, code), stop=sb.stop)
+    result = await guarded(state, request, lambda ticket: run_code(sb, code), stop=sb.stop)
 
-`guarded` takes a slot (503 + Retry-After when none comes), runs the work, and when the
+`guarded` takes a slot — a scheduler task at the interactive priority (admission.py);
+503 + Retry-After when none comes — runs the work with the slot's `Ticket` (its
+`ctx.lease()` is how one-shot work gets its sandbox), and when the
 request's deadline passes first it calls `stop` (which kills the sandbox run in flight,
 so the work returns promptly), waits briefly for the work to finish, and raises
 `DeadlineExpired` (504). Work that cannot be stopped that way is cancelled.
@@ -17,7 +19,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from trialbox.service.admission import Overloaded
+from trialbox.service.admission import Overloaded, Ticket
 from trialbox.service.errors import DeadlineExpired
 from trialbox.service.state import ServiceState
 
@@ -34,13 +36,15 @@ def deadline_of(request: Request) -> float:
     return float(deadline)
 
 
-async def guarded(state: ServiceState, request: Request, work: Callable[[], Awaitable[T]],
+async def guarded(state: ServiceState, request: Request,
+                  work: Callable[[Ticket], Awaitable[T]],
                   stop: Callable[[], Awaitable[None]] | None = None,
-                  what: str = "the run") -> T:
+                  what: str = "the run", kind: str = "run") -> T:
     deadline = deadline_of(request)
     try:
-        async with state.admission.slot(timeout=deadline - time.monotonic()):
-            return await _until(state, deadline, work, stop, what)
+        async with state.admission.slot(timeout=deadline - time.monotonic(),
+                                        kind=kind) as ticket:
+            return await _until(state, deadline, lambda: work(ticket), stop, what)
     except Overloaded:
         if time.monotonic() >= deadline:
             state.counters.deadline_expired += 1

@@ -52,16 +52,26 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--records", default=None, metavar="DB",
                    help="keep graded submissions in this SQLite file (survives restarts; "
                    "default: in memory)")
+    p.add_argument("--max-memory-mb", type=int, default=d.max_limits.memory_mb,
+                   help="the most memory a request may ask for, MiB (SandboxFusion's "
+                   f"memory_limit_MB, /v1 limits.memory_mb; default {d.max_limits.memory_mb})")
+    p.add_argument("--journal", default=None, metavar="DB",
+                   help="the scheduler's journal: every sandbox-using request is a task "
+                   "in it (trialbox tasks status RUN --db DB); default: a temporary file "
+                   "deleted at shutdown")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
 def config_from_args(args: argparse.Namespace) -> ServiceConfig:
+    d_max = ServiceConfig().max_limits
     token = args.token if args.token is not None else os.environ.get("TRIALBOX_TOKEN")
     return ServiceConfig(host=args.host, port=args.port, token=token or None,
                          max_running=args.max_running, max_queued=args.max_queued,
                          deadline_s=args.deadline_s, rate_per_s=args.rate,
                          rate_burst=args.burst, max_body_bytes=int(args.max_body_mb * (1 << 20)),
-                         warm=args.warm, records=args.records)
+                         warm=args.warm, records=args.records,
+                         journal=args.journal,
+                         max_limits=d_max.with_(memory_mb=args.max_memory_mb))
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trialbox.errors import UsageError
-from trialbox.sandbox.base import Sandbox
-from trialbox.sandbox.pool import CellPool
+from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.service.admission import Admission
 from trialbox.service.config import ServiceConfig
 from trialbox.types import Limits
@@ -159,9 +158,11 @@ class ServiceState:
     """Shared objects of one server process (`app.state.service`).
 
     config       the `ServiceConfig` it was started with
-    pool         the process's one `CellPool` (None before startup / after shutdown)
-    admission    the bounded admission queue in front of the sandboxes (`running`,
-                 `waiting` give the live queue depth)
+    provider     the process's one `SandboxProvider` (the namespace tier's `CellPool`
+                 unless `create_app` was given another; None before startup / after
+                 shutdown)
+    admission    the journaled scheduler in front of the sandboxes (`running`,
+                 `waiting` give the live queue depth; admission.py)
     sessions     open `/v1/sessions` sessions (`len()` is how many)
     submissions  graded submissions this server handled (`recent()` for a list)
     counters     monotonic counts: requests, responses by code, runs by status, grades
@@ -174,10 +175,11 @@ class ServiceState:
     sessions: Sessions
     submissions: SubmissionLog
     counters: Counters = field(default_factory=Counters)
-    pool: CellPool | None = None
+    provider: SandboxProvider | None = None
     started: float = field(default_factory=time.time)
     ready: bool = False
-    """True once the pool is started and until shutdown begins (`/readyz`)."""
+    """True once the provider and scheduler are started and until shutdown begins
+    (`/readyz`)."""
     open_paths: list[str] = field(default_factory=list)
     """Path prefixes served without the bearer token (besides /healthz, /readyz)."""
 
@@ -186,16 +188,23 @@ class ServiceState:
         """The state of a new server; `config.records` picks the durable submission log."""
         return cls(config=config,
                    admission=Admission(config.max_running, config.max_queued,
-                                       config.queue_wait_s),
+                                       config.queue_wait_s, config.max_limits,
+                                       config.journal),
                    sessions=Sessions(config.max_sessions, config.session_idle_s),
                    submissions=_submission_log(config))
 
-    def require_pool(self) -> CellPool:
+    @property
+    def pool(self) -> SandboxProvider | None:
+        """The provider, under the name the telemetry half reads (`ready_count` when the
+        provider is a warm pool)."""
+        return self.provider
+
+    def require_provider(self) -> SandboxProvider:
         from trialbox.errors import SandboxUnavailable
-        if self.pool is None or not self.ready:
-            raise SandboxUnavailable("the sandbox pool is not running (server starting "
-                                     "or shutting down); retry shortly")
-        return self.pool
+        if self.provider is None or not self.ready:
+            raise SandboxUnavailable("the sandbox provider is not running (server "
+                                     "starting or shutting down); retry shortly")
+        return self.provider
 
 
 def _submission_log(config: ServiceConfig) -> SubmissionLog:
