@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_tasks_parser(sub)
     from trialbox.sandbox.audit import add_parser as add_audit_log_parser
     add_audit_log_parser(sub)  # audit-log query (its handler runs it)
+    from trialbox.judge.harbor import add_parser as add_harbor_parser
+    add_harbor_parser(sub)  # harbor DIR (its handler runs it)
     return parser
 
 

@@ -931,4 +931,11 @@ def _build_root_template(root: str) -> None:
         p = os.path.join(root, "dev", name)
         if not os.path.lexists(p):
             os.symlink(target, p)
+    # Where Harbor-style tasks (trialbox.judge.harbor) look: /app is the session's
+    # workspace; /tests, /logs and /solution lie in its private /tmp.
+    for name, target in (("app", "/workspace"), ("tests", "/tmp/tests"),
+                         ("logs", "/tmp/logs"), ("solution", "/tmp/solution")):
+        p = os.path.join(root, name)
+        if not os.path.lexists(p):
+            os.symlink(target, p)
     os.chmod(os.path.join(root, "tmp"), 0o1777)

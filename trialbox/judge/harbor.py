@@ -1,0 +1,347 @@
+"""Grading Harbor-style tasks (`trialbox.store.harbor`): the agent's answer runs in one
+sandbox, the task's verifier in a fresh one, and the reward is read from outside both.
+
+The answer is a bash script (what the task's oracle, solution/solve.sh, is): it runs in
+/app, the session's workspace, holding the environment's files. Then:
+
+1. The final /app is archived by a fresh `tar` run in the agent's session (on every tier
+   each run ends with all its processes, so nothing the answer left behind is running).
+2. A fresh session for the verifier gets that archive in /app, the task's tests/ in
+   /tests and an empty /logs/verifier: whatever the answer planted outside /app in its
+   own session (a /tests, a /logs/verifier/reward.txt, a process) is gone.
+3. `bash /tests/test.sh` runs from /app under the verifier's limits and environment.
+4. The reward is read by a run of its own: /logs/verifier/reward.json (an object of
+   named numbers; `reward`, when present, is the reward, else their mean) or
+   reward.txt (one number). It must be finite: anything else is no reward.
+
+Verdicts: PASSED when the reward is >= 1, FAILED below (the reward is kept on the
+result: partial credit is the task's to give); the answer's own limits (time, memory)
+are its outcome. No reward at all, or a verifier that could not run, is the answer's
+failure unless a control shows the verifier broken: the task's oracle is graded the
+same way on the same machinery, and only when it gets no reward either is the attempt
+excluded (ERROR: the task is broken; INFRA when the sandbox itself failed). A task
+without an oracle has no control: a missing reward is the answer's (flag `no-control`).
+
+What this cannot guarantee (Harbor's contract, not trialbox's choice): the verifier is
+the task's own script and usually runs the answer's programs in its own session, so
+such a program can write the reward file itself. trialbox's part is that nothing of the
+agent's *session* reaches the verifier but /app's files; a task whose tests execute the
+agent's code should check outputs the code cannot know in advance (docs/integrations.md).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import tarfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.sandbox.base import Sandbox, SandboxProvider
+from trialbox.store.harbor import HarborTask
+from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Outcome, TestResult
+
+_STATUS_OUTCOME = {ExecStatus.TIMEOUT: Outcome.TIMEOUT, ExecStatus.MEMORY: Outcome.MEMORY}
+
+
+@dataclass(frozen=True)
+class HarborResult:
+    """One graded attempt at a Harbor task."""
+
+    task_id: str
+    outcome: Outcome
+    reward: float | None = None
+    """The reward (None: excluded, or no reward was written)."""
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Every named reward the verifier wrote (reward.json), or {"reward": x}."""
+    message: str = ""
+    flags: tuple[str, ...] = ()
+    agent_status: str = ""
+    verifier_status: str = ""
+    verifier_output: str = ""
+    """The tail of the verifier's stdout and stderr (its own log, for the reader)."""
+    wall_ms: float = 0.0
+
+    @property
+    def grade(self) -> Grade:
+        """As a `Grade`: one test per named reward, passed when it is >= 1."""
+        tests = tuple(TestResult(name, value >= 1.0, f"reward {value:g}")
+                      for name, value in sorted(self.rewards.items()))
+        return Grade(self.task_id, self.outcome, tests=tests, message=self.message,
+                     flags=self.flags, wall_ms=self.wall_ms)
+
+    def row(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "outcome": self.outcome.value,
+                "passed": self.outcome is Outcome.PASSED, "reward": self.reward,
+                "rewards": self.rewards, "message": self.message, "flags": list(self.flags),
+                "agent_status": self.agent_status, "verifier_status": self.verifier_status,
+                "wall_ms": self.wall_ms}
+
+
+async def judge_harbor(task: HarborTask, answer: str, provider: SandboxProvider, *,
+                       oracle_env: bool = False) -> HarborResult:
+    """Grade `answer` (a bash script run in /app) against `task`'s verifier.
+
+    `oracle_env`: run the answer with the task's [solution] env and solution/ files in
+    /solution (how the oracle runs); the control does this for the oracle itself."""
+    if task.unsupported:
+        raise UsageError(f"{task.task_id}: trialbox cannot provide this task's environment: "
+                         f"{task.unsupported}")
+    if not isinstance(answer, str):
+        raise UsageError(f"{task.task_id}: the answer must be a bash script (str), got "
+                         f"{type(answer).__name__}")
+    result = await _attempt(task, answer, provider, oracle_env)
+    if result.reward is not None or result.outcome is not Outcome.ERROR:
+        return result
+    # No reward: the answer's doing unless the verifier is shown broken.
+    if not task.has_solution:
+        return replace(result, outcome=Outcome.FAILED, flags=(*result.flags, "no-control"),
+                       message=result.message + " (the task has no oracle to show the "
+                       "verifier works; counted as the answer's failure)")
+    if oracle_env and answer == task.oracle:
+        return result  # this is the control: its failure is the task's
+    control = await _attempt(task, task.oracle, provider, True)
+    if control.reward is not None:
+        return replace(result, outcome=Outcome.FAILED,
+                       flags=(*result.flags, "self-inflicted"),
+                       message=result.message + " (the oracle got a reward from the same "
+                       "verifier on the same machinery: the failure is the answer's)")
+    infra = "infra" in (control.agent_status, control.verifier_status)
+    return replace(result, outcome=Outcome.INFRA if infra else Outcome.ERROR,
+                   message=result.message + f"; the oracle got no reward either "
+                   f"({control.message}): the {'sandbox' if infra else 'task'} is broken")
+
+
+async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
+                   oracle_env: bool) -> HarborResult:
+    t0 = time.monotonic()
+
+    def done(outcome: Outcome, message: str, **kw: Any) -> HarborResult:
+        return HarborResult(task.task_id, outcome, message=message[:4000],
+                            wall_ms=round((time.monotonic() - t0) * 1e3, 3), **kw)
+
+    env = dict(task.environment_env)
+    agent_limits = task.agent_limits
+    carry_limits = replace(agent_limits, wall_s=60, output_bytes=(agent_limits.disk_mb + 16) << 20)
+    async with await provider.open(agent_limits) as sb:
+        for path, data, mode in task.environment_files:
+            await sb.write_file(path, data, mode)
+        if oracle_env:
+            env.update(task.solution_env)
+            r = await _untar(sb, "/tmp/solution", _tar(task.solution), env)
+            if r.status is not ExecStatus.OK or r.exit_code != 0:
+                return done(_setup_outcome(r), f"the oracle's files could not be put in "
+                            f"/solution: {_why(r)}", agent_status=r.status.value)
+        ran = await sb.exec(["bash", "-c", "cat > /tmp/.answer.sh && exec bash "
+                             "/tmp/.answer.sh < /dev/null"],
+                            stdin=answer.encode("utf-8", errors="surrogateescape"), env=env)
+        if ran.status is ExecStatus.INFRA:
+            return done(Outcome.ERROR, f"the answer's run failed in the sandbox: {_why(ran)}",
+                        agent_status="infra")
+        # The answer's limits are its outcome, but the verifier still judges what it left.
+        packed = await sb.exec(["tar", "-c", "-C", "/workspace", "."], limits=carry_limits,
+                               env=env)
+        if packed.status is not ExecStatus.OK or packed.exit_code != 0:
+            return done(_STATUS_OUTCOME.get(ran.status, _setup_outcome(packed)),
+                        f"/app could not be archived for the verifier: {_why(packed)}",
+                        agent_status=ran.status.value)
+    async with await provider.open(task.verifier_limits) as vb:
+        env = {**dict(task.environment_env), **dict(task.verifier_env)}
+        for where, data in (("/workspace", packed.stdout), ("/tmp/tests", _tar(task.tests))):
+            r = await _untar(vb, where, data, env)
+            if r.status is not ExecStatus.OK or r.exit_code != 0:
+                return done(_STATUS_OUTCOME.get(ran.status, _setup_outcome(r)),
+                            f"the verifier's session could not be prepared ({where}): "
+                            f"{_why(r)}", agent_status=ran.status.value)
+        checked = await vb.exec(["bash", "-c", "mkdir -p /tmp/logs/verifier /tmp/logs/agent "
+                                 "&& exec bash /tests/test.sh < /dev/null"], env=env)
+        tail = (checked.stdout[-2000:] + checked.stderr[-2000:]).decode("utf-8", "replace")
+        status = dict(agent_status=ran.status.value, verifier_status=checked.status.value,
+                      verifier_output=tail)
+        if checked.status is ExecStatus.INFRA:
+            return done(Outcome.ERROR, f"the verifier's run failed in the sandbox: "
+                        f"{_why(checked)}", **status)
+        rewards, why = await _read_reward(vb)
+    if rewards is None:  # the answer's limit hit, else ERROR: judge_harbor decides
+        outcome = _STATUS_OUTCOME.get(ran.status, Outcome.ERROR)
+        return done(outcome, f"the verifier wrote no reward: {why} (verifier "
+                    f"{checked.status.value}, exit {checked.exit_code})", **status)
+    reward = rewards.get("reward", sum(rewards.values()) / len(rewards))
+    if ran.status is not ExecStatus.OK and reward < 1.0:
+        outcome = _STATUS_OUTCOME.get(ran.status, Outcome.FAILED)
+    else:
+        outcome = Outcome.PASSED if reward >= 1.0 else Outcome.FAILED
+    return done(outcome, f"reward {reward:g}" + (f" (the answer's run: {_why(ran)})"
+                                                  if ran.status is not ExecStatus.OK else ""),
+                reward=reward, rewards=rewards, **status)
+
+
+def _setup_outcome(r: ExecResult) -> Outcome:
+    """A trusted step (archiving /app, unpacking it or the tests) that did not finish.
+    It may be the answer's doing (a full disk, an unreadable directory it made) or the
+    machinery's: ERROR here, and `judge_harbor`'s control decides which."""
+    return Outcome.ERROR
+
+
+def _why(r: ExecResult) -> str:
+    if r.status is ExecStatus.OK and r.exit_code:
+        return f"exit {r.exit_code}: " + r.stderr[-300:].decode("utf-8", "replace").strip()
+    return f"{r.status.value}: {r.message or r.stderr[-300:].decode('utf-8', 'replace')}"
+
+
+def _tar(files: Sequence[tuple[str, bytes, int]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for path, data, mode in files:
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(data), mode, 0
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def _untar(sb: Sandbox, where: str, data: bytes, env: dict[str, str]) -> ExecResult:
+    return await sb.exec(["bash", "-c", f"mkdir -p {where} && tar -x --no-same-owner "
+                          f"--no-same-permissions -C {where}"], stdin=data, env=env,
+                         limits=replace(sb.limits, wall_s=60))
+
+
+async def _read_reward(sb: Sandbox) -> tuple[dict[str, float] | None, str]:
+    """The verifier's reward, read by a run of its own: reward.json, else reward.txt."""
+    small = replace(sb.limits, wall_s=10, output_bytes=1 << 16)
+    for name in ("reward.json", "reward.txt"):
+        r = await sb.exec(["cat", f"/tmp/logs/verifier/{name}"], limits=small)
+        if r.status is not ExecStatus.OK or r.exit_code != 0:
+            continue
+        text = r.stdout.decode("utf-8", "replace").strip()
+        if name == "reward.txt":
+            value = _number(text)
+            return ({"reward": value}, "") if value is not None else \
+                (None, f"reward.txt holds {text[:60]!r}, not a finite number")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None, f"reward.json is not JSON: {text[:60]!r}"
+        if not isinstance(data, dict) or not data:
+            return None, "reward.json must be an object of named numbers"
+        out = {str(k): _number(v) for k, v in data.items()}
+        bad = [k for k, v in out.items() if v is None]
+        if bad:
+            return None, f"reward.json: {', '.join(bad[:5])} not finite numbers"
+        return {k: v for k, v in out.items() if v is not None}, ""
+    return None, "neither /logs/verifier/reward.json nor reward.txt exists"
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+async def run_harbor(tasks: Sequence[HarborTask], answers: dict[str, str] | None,
+                     provider: SandboxProvider, *, workers: int = 2,
+                     limits: Limits | None = None) -> list[dict[str, Any]]:
+    """Grade every task: with `answers` (task id -> script), else each task's oracle.
+    Tasks whose environment cannot be provided, or that have no answer, get a row saying
+    so (outcome "unsupported" / "no-answer") and the rest run."""
+    import asyncio
+
+    slots = asyncio.Semaphore(max(1, workers))
+
+    async def one(task: HarborTask) -> dict[str, Any]:
+        base = {"task_id": task.task_id, "notes": list(task.notes)}
+        if task.unsupported:
+            return {**base, "outcome": "unsupported", "passed": False, "reward": None,
+                    "message": task.unsupported}
+        oracle = answers is None
+        if oracle and not task.has_solution:
+            return {**base, "outcome": "no-answer", "passed": False, "reward": None,
+                    "message": "the task has no solution/solve.sh to run as the oracle"}
+        answer = task.oracle if oracle else (answers or {}).get(task.task_id)
+        if answer is None:
+            return {**base, "outcome": "no-answer", "passed": False, "reward": None,
+                    "message": "no answer for this task in the answers given"}
+        if limits is not None:
+            task = replace(task, agent_limits=limits, verifier_limits=limits)
+        async with slots:
+            result = await judge_harbor(task, answer, provider, oracle_env=oracle)
+        return {**base, **result.row()}
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+# --------------------------------------------------------------------------- the CLI
+
+def add_parser(sub: Any) -> None:
+    """`trialbox harbor DIR [--answers FILE] [--tier T] [--json]`."""
+    p = sub.add_parser("harbor", help="run and grade Harbor-style task directories "
+                       "(task.toml, instruction.md, tests/, solution/)")
+    p.add_argument("path", help="a task directory, or a data set directory of them")
+    p.add_argument("--answers", default=None,
+                   help="JSONL of {task_id, answer} (a bash script run in /app); default: "
+                   "each task's oracle, solution/solve.sh")
+    p.add_argument("--tier", default="namespace", choices=("namespace", "gvisor", "container"),
+                   help="the isolation tier both the answer and the verifier run in")
+    p.add_argument("--workers", type=int, default=2, help="tasks graded at once")
+    p.add_argument("--json", action="store_true", help="one JSON row per task")
+    p.set_defaults(handler=_main)
+
+
+def _main(args: Any) -> int:
+    import asyncio
+
+    from trialbox.sandbox.tiers import _default_factory
+    from trialbox.store.harbor import load_harbor
+
+    tasks = load_harbor(args.path)
+    answers = _read_answers(args.answers) if args.answers else None
+
+    async def go() -> list[dict[str, Any]]:
+        provider = _default_factory(args.tier)
+        await provider.start()
+        try:
+            return await run_harbor(tasks, answers, provider, workers=args.workers)
+        finally:
+            await provider.close()
+
+    rows = asyncio.run(go())
+    for r in rows:
+        if args.json:
+            print(json.dumps(r))
+        else:
+            reward = "-" if r.get("reward") is None else f"{r['reward']:g}"
+            print(f"{r['task_id']:<40} {r['outcome']:<12} reward {reward:<6} "
+                  f"{str(r.get('message', ''))[:100]}")
+            for note in r.get("notes", []):
+                print(f"{'':<40} note: {note}")
+    graded = [r for r in rows if r["outcome"] not in ("unsupported", "no-answer")]
+    passed = sum(r["outcome"] == "passed" for r in graded)
+    if not args.json:
+        print(f"{passed}/{len(graded)} passed; {len(rows) - len(graded)} not run "
+              "(unsupported environment or no answer)")
+    return 0
+
+
+def _read_answers(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise UsageError(f"{path}:{n}: not JSON: {e}") from None
+            if not isinstance(row, dict) or not isinstance(row.get("task_id"), str) \
+                    or not isinstance(row.get("answer"), str):
+                raise UsageError(f"{path}:{n}: each line must be {{\"task_id\": str, "
+                                 "\"answer\": str (a bash script)}}")
+            out[row["task_id"]] = row["answer"]
+    return out
