@@ -11,6 +11,7 @@ import ctypes
 import errno
 import os
 import stat
+import threading
 
 from trialbox.errors import UsageError
 
@@ -103,9 +104,11 @@ def _parts(path: str) -> list[str]:
     return parts
 
 
-def _open_dir_chain(root: str, parts: list[str], create: bool, uid: int) -> int:
-    """Walk `parts` under `root` with O_NOFOLLOW at every step; return a dir fd."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _open_dir_chain(root: str | int, parts: list[str], create: bool, uid: int) -> int:
+    """Walk `parts` under `root` (a path, or a directory fd of ours) with O_NOFOLLOW at
+    every step; return a dir fd."""
+    fd = os.dup(root) if isinstance(root, int) else os.open(
+        root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for part in parts:
             try:
@@ -242,3 +245,117 @@ def list_files(root: str, max_entries: int = LIST_MAX,
     finally:
         os.close(top)
     return sorted(out)
+
+
+# ------------------------------------------------ the new mount API (snapshots, forks)
+# Detached mounts held as fds: a frozen layer lives exactly as long as its fd (and the
+# overlays that use it) and is never reachable by a host path (snapshot.py).
+
+SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT, SYS_FSPICK = 429, 430, 431, 432, 433
+SYS_MOUNT_SETATTR = 442
+FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_SET_FD = 0, 1, 5
+FSCONFIG_CMD_CREATE, FSCONFIG_CMD_RECONFIGURE = 6, 7
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 1, 2, 4
+MOUNT_ATTR_IDMAP = 0x100000
+MOVE_MOUNT_F_EMPTY_PATH = 4
+AT_EMPTY_PATH = 0x1000
+CLONE_NEWUSER, CLONE_VM, SIGCHLD = 0x10000000, 0x100, 17
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _sys(what: str, *args: object) -> int:
+    r = int(_libc.syscall(*args))
+    if r < 0:
+        raise _err(what)
+    return r
+
+
+def new_mount(fstype: str, options: list[tuple[str, str | int | None]],
+              attrs: int = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) -> int:
+    """A new filesystem as a detached mount (fd): `options` are fsconfig keys, a str
+    value set as a string, an int as an fd (overlay's layers), None as a flag."""
+    fs = _sys(f"fsopen {fstype}", SYS_FSOPEN, fstype.encode(), 1)  # FSOPEN_CLOEXEC
+    try:
+        for key, value in options:
+            if value is None:
+                _sys(f"{fstype} {key}", SYS_FSCONFIG, fs, FSCONFIG_SET_FLAG, key.encode(),
+                     None, 0)
+            elif isinstance(value, int):
+                _sys(f"{fstype} {key}", SYS_FSCONFIG, fs, FSCONFIG_SET_FD, key.encode(),
+                     None, ctypes.c_int(value))
+            else:
+                _sys(f"{fstype} {key}={value}", SYS_FSCONFIG, fs, FSCONFIG_SET_STRING,
+                     key.encode(), value.encode(), 0)
+        _sys(f"create {fstype}", SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0)
+        return _sys(f"fsmount {fstype}", SYS_FSMOUNT, fs, 1, attrs)  # FSMOUNT_CLOEXEC
+    finally:
+        os.close(fs)
+
+
+def clone_mount(fd: int, sub: str = "") -> int:
+    """A detached copy of the mount `fd` refers to (rooted at `sub` below it, if given)."""
+    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (0 if sub else AT_EMPTY_PATH)
+    return _sys(f"open_tree {sub or '.'}", SYS_OPEN_TREE, fd, sub.encode(), flags)
+
+
+def set_mount_attrs(fd: int, attrs: int, userns_fd: int = -1) -> None:
+    """mount_setattr on the detached mount `fd` (MOUNT_ATTR_IDMAP needs `userns_fd`)."""
+    a = _MountAttr(attr_set=attrs, userns_fd=max(userns_fd, 0))
+    _sys("mount_setattr", SYS_MOUNT_SETATTR, fd, b"", AT_EMPTY_PATH, ctypes.byref(a),
+         ctypes.sizeof(a))
+
+
+def freeze_superblock(fd: int = AT_FDCWD, path: str = "") -> None:
+    """Make the filesystem of the mount at `fd`/`path` read-only for every mount of it
+    (a superblock flag: clones attached elsewhere cannot write either). OSError EBUSY
+    while any file of it is open for writing."""
+    flags = 1 | (8 if not path else 0)  # FSPICK_CLOEXEC | FSPICK_EMPTY_PATH
+    pick = _sys(f"fspick {path}", SYS_FSPICK, fd, path.encode(), flags)
+    try:
+        _sys("fsconfig ro", SYS_FSCONFIG, pick, FSCONFIG_SET_FLAG, b"ro", None, 0)
+        _sys("reconfigure ro", SYS_FSCONFIG, pick, FSCONFIG_CMD_RECONFIGURE, None, None, 0)
+    finally:
+        os.close(pick)
+
+
+def attach_mount(fd: int, path: str) -> None:
+    """Attach the detached mount `fd` at host `path`."""
+    _sys(f"move_mount {path}", SYS_MOVE_MOUNT, fd, b"", AT_FDCWD, path.encode(),
+         MOVE_MOUNT_F_EMPTY_PATH)
+
+
+_libc.clone.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+_PAUSE = ctypes.cast(_libc.pause, ctypes.c_void_p).value
+_STACK = ctypes.create_string_buffer(1 << 14)
+_STACK_LOCK = threading.Lock()
+
+
+def idmap_userns(outside_from: int, inside_to: int) -> int:
+    """An fd of a new user namespace whose maps say: on-disk uid/gid `outside_from`
+    reads as `inside_to` (for MOUNT_ATTR_IDMAP). Made by a child that only ever runs
+    pause() on a small stack of ours (CLONE_VM: nothing of this process is copied;
+    ~0.1 ms) and is killed as soon as its namespace is open."""
+    with _STACK_LOCK:  # one child on the stack at a time
+        return _idmap_userns(outside_from, inside_to)
+
+
+def _idmap_userns(outside_from: int, inside_to: int) -> int:
+    top = ctypes.addressof(_STACK) + len(_STACK) - 64
+    pid = int(_libc.clone(_PAUSE, top, CLONE_NEWUSER | CLONE_VM | SIGCHLD, None))
+    if pid < 0:
+        raise _err("clone(CLONE_NEWUSER)")
+    try:
+        for name in ("uid_map", "gid_map"):
+            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, f"{outside_from} {inside_to} 1\n".encode())
+            finally:
+                os.close(fd)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

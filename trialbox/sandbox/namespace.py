@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
-from trialbox.sandbox import mounts
+from trialbox.sandbox import mounts, snapshot
 from trialbox.sandbox.cgroups import OverBudget
 from trialbox.sandbox.pool import BASE_ENV, Cell, CellPool, FdReader
 from trialbox.telemetry import traced_acquire, traced_exec
@@ -80,11 +80,17 @@ class NamespaceSandbox:
 
     tier = "namespace"
 
-    def __init__(self, pool: CellPool, limits: Limits):
+    def __init__(self, pool: CellPool, limits: Limits,
+                 base: Sequence[snapshot.Layer] = ()):
         self.pool = pool
         self.limits = limits
         self.uid = -1
         self.dir = ""
+        self.layers = [layer.acquire() for layer in base]
+        """Frozen layers the session's files stand on, top first (snapshot.py); none
+        for a session on a plain tmpfs."""
+        self.upper = -1
+        """With layers: the tmpfs (a detached mount fd) holding what the session wrote."""
         self.mount_sources: list[str] = []
         self.cell: Cell | None = None
         self.closed = False
@@ -92,11 +98,14 @@ class NamespaceSandbox:
         self._current: _Run | None = None
 
     @classmethod
-    async def open(cls, pool: CellPool, limits: Limits | None = None) -> NamespaceSandbox:
+    async def open(cls, pool: CellPool, limits: Limits | None = None,
+                   base: Sequence[snapshot.Layer] = ()) -> NamespaceSandbox:
+        """A new session; on `base` (a snapshot's layers, top first) it starts with
+        their files, copy-on-write (Snapshot.open)."""
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a trialbox.types.Limits, got "
                              f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
-        sb = cls(pool, limits or Limits())
+        sb = cls(pool, limits or Limits(), base)
         sb._open_session()
         return sb
 
@@ -108,6 +117,16 @@ class NamespaceSandbox:
             self._teardown()
             raise SandboxStartError(f"could not create the session workspace: {e}") from e
         self.mount_sources = [os.path.join(self.dir, name) for name in SESSION_DIRS]
+        if self.layers:
+            try:
+                self.upper = snapshot.mount_fork(self.dir, self.layers, self.uid,
+                                                 self.limits.disk_bytes,
+                                                 session_inodes(self.limits))
+            except OSError as e:
+                self._teardown()
+                raise SandboxStartError(f"could not mount the session over its "
+                                        f"snapshot: {e}") from e
+            return
         try:
             mounts.mount_tmpfs(self.dir, self.limits.disk_bytes, uid=0, mode=0o755,
                                inodes=session_inodes(self.limits))
@@ -156,6 +175,12 @@ class NamespaceSandbox:
         if self.uid >= 0:
             self.pool.give_uid(self.uid)
             self.uid = -1
+        if self.upper >= 0:  # the overlay keeps its own reference while it lingers
+            os.close(self.upper)
+            self.upper = -1
+        for layer in self.layers:
+            layer.release()
+        self.layers = []
 
     async def park(self) -> None:
         """Hand the session's cell back to the pool while keeping its files: called while
@@ -169,6 +194,21 @@ class NamespaceSandbox:
             if self.cell is not None:
                 self.pool.done_with(self.cell, recycle=True)
                 self.cell = None
+
+    async def snapshot(self) -> snapshot.Snapshot:
+        """Freeze the session's files (workspace, /tmp, /dev/shm) as they are after the
+        run in flight, if any: the state `fork`s start from (docs/snapshots.md). O(1) in
+        their size. The session carries on (on a copy-on-write layer over them); its
+        next run takes a fresh cell. UsageError on a closed session."""
+        return await snapshot.take(self)
+
+    async def fork(self, n: int, limits: Limits | None = None) -> list[NamespaceSandbox]:
+        """`n` new sessions starting from this one's files as they are now (a snapshot,
+        forked `n` ways, then released: the forks keep what they use). Each is
+        independent, outlives this session, and may write `disk_mb` (`limits`, default
+        this session's) on top of what it starts with."""
+        async with await self.snapshot() as snap:
+            return await snap.fork(n, limits)
 
     @property
     def parked(self) -> bool:

@@ -43,6 +43,7 @@ from trialbox.types import Limits, Runtime
 
 if TYPE_CHECKING:
     from trialbox.sandbox.namespace import NamespaceSandbox
+    from trialbox.sandbox.snapshot import Snapshot
 
 log = logging.getLogger("trialbox.sandbox.pool")
 
@@ -539,9 +540,13 @@ class CellPool:
         except OSError as e:
             raise ZygoteDied(f"zygote is gone ({e}); {self.zygote_log_tail()}") from e
 
-    async def open(self, limits: Limits | None = None) -> NamespaceSandbox:
-        """A new session in this pool (`SandboxProvider.open`)."""
+    async def open(self, limits: Limits | None = None, *,
+                   from_snapshot: Snapshot | None = None) -> NamespaceSandbox:
+        """A new session in this pool (`SandboxProvider.open`); with `from_snapshot`, a
+        fork of it (its files, copy-on-write; `limits` default to the snapshot's)."""
         from trialbox.sandbox.namespace import NamespaceSandbox  # it imports this module
+        if from_snapshot is not None:
+            return await from_snapshot.open(limits, pool=self)
         return await NamespaceSandbox.open(self, limits)
 
     async def close(self) -> None:

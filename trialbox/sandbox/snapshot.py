@@ -1,0 +1,562 @@
+"""Snapshots and forks of namespace-tier sessions (docs/snapshots.md).
+
+A session's state is its files: processes end with every run, so the workspace, /tmp
+and /dev/shm are all there is to keep. `await sb.snapshot()` freezes them in place and
+`await snap.fork(n)` gives `n` sessions that start from them, each on a copy-on-write
+overlay, so neither costs more with a bigger workspace:
+
+    async with await pool.open(limits) as sb:
+        await sb.write_file("repo/setup.py", ...)            # the expensive set-up
+        await sb.exec(["python3", "-m", "pip", ...])
+        async with await sb.snapshot() as snap:             # ~1-3 ms, any size
+            forks = await snap.fork(8)                      # ~1 ms each, any size
+    # the forks outlive the parent session and the snapshot; close each when done
+
+How (all detached mounts, held as fds: nothing of a snapshot has a host path):
+
+    Layer    a frozen filesystem: the session's own tmpfs (or a fork's upper) made
+             read-only at the superblock (every mount of it, the cell's included)
+    fork     overlay: lower = the snapshot's layers (top first), each seen through an
+             idmapped mount that shows its owner's uid as the fork's own; upper = a
+             fresh tmpfs of `disk_mb` (what the fork writes, and all it may write)
+    parent   after a snapshot it carries on the same way: a fresh upper over the
+             layers it just froze
+
+Snapshots serialise to an artifact store (`save`/`load`): one `.tar.zst` of the
+flattened layers and a `.json` of metadata with the archive's sha256, checked before
+anything is extracted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any
+
+from trialbox.errors import SandboxStartError, UsageError
+from trialbox.sandbox import mounts
+from trialbox.types import Limits
+
+if TYPE_CHECKING:
+    from trialbox.sandbox.namespace import NamespaceSandbox
+    from trialbox.sandbox.pool import CellPool
+    from trialbox.store.artifacts import ArtifactStore
+
+MAX_LAYERS = 100
+"""Frozen layers one session may stand on (each snapshot of a fork adds one; overlayfs
+takes 500, but every lookup of a missing name walks them all)."""
+FREEZE_WAIT_S = 1.0
+"""How long a snapshot waits for files still open for writing (only a descriptor kept
+alive past its run holds one) before it gives up."""
+FORMAT = "trialbox-snapshot/1"
+ARCHIVE_ROOT = "root"
+OVERLAY_OPTIONS: list[tuple[str, str | int | None]] = [
+    ("redirect_dir", "on"),  # renaming a directory from a lower layer works (not EXDEV)
+    ("index", "off"), ("metacopy", "off"), ("xino", "off")]
+
+
+# --------------------------------------------------------------------------- layers
+
+class Layer:
+    """One frozen, read-only filesystem: a detached mount held by `fd`, whose files are
+    owned by `owner` (the session that wrote them). Reference-counted: snapshots and
+    the sessions standing on it each hold one; the fd closes with the last (or when
+    the object is collected), and the kernel frees the memory once no overlay uses it."""
+
+    def __init__(self, fd: int, owner: int, used_bytes: int):
+        self.fd, self.owner, self.used_bytes = fd, owner, used_bytes
+        self.refs = 1
+        self._close = weakref.finalize(self, _close_quietly, fd)
+
+    def acquire(self) -> Layer:
+        if self.refs <= 0:
+            raise UsageError("this snapshot layer was already released")
+        self.refs += 1
+        return self
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0:
+            self._close()
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _used_bytes(fd: int) -> int:
+    st = os.fstatvfs(fd)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def mount_fork(path: str, layers: list[Layer], uid: int, size_bytes: int,
+               inodes: int) -> int:
+    """Mount at host `path` an overlay of `layers` (top first) under a fresh tmpfs of
+    `size_bytes` and `inodes` for what the session writes; return that tmpfs (a
+    detached mount fd the session keeps: a later snapshot freezes it). Each layer owned
+    by another uid is seen through an idmapped mount showing its files as `uid`'s, so
+    the session may change them (the overlay copies them up first)."""
+    upper = mounts.new_mount("tmpfs", [("size", str(size_bytes)), ("nr_inodes", str(inodes)),
+                                       ("mode", "755")])
+    opened: list[int] = []
+    try:
+        base = f"/proc/self/fd/{upper}"
+        os.mkdir(f"{base}/u", 0o755)
+        os.mkdir(f"{base}/w", 0o700)
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        u = os.open(f"{base}/u", flags)
+        opened.append(u)
+        w = os.open(f"{base}/w", flags)
+        opened.append(w)
+        userns: dict[int, int] = {}
+        lowers = []
+        for layer in layers:
+            if layer.owner == uid:
+                lowers.append(layer.fd)
+                continue
+            if layer.owner not in userns:
+                userns[layer.owner] = mounts.idmap_userns(layer.owner, uid)
+                opened.append(userns[layer.owner])
+            view = mounts.clone_mount(layer.fd)
+            opened.append(view)
+            mounts.set_mount_attrs(view, mounts.MOUNT_ATTR_IDMAP, userns[layer.owner])
+            lowers.append(view)
+        options: list[tuple[str, str | int | None]] = [("lowerdir+", fd) for fd in lowers]
+        options += [("upperdir", u), ("workdir", w)] + OVERLAY_OPTIONS
+        overlay = mounts.new_mount("overlay", options)
+        opened.append(overlay)
+        mounts.attach_mount(overlay, path)
+    except BaseException:
+        os.close(upper)
+        raise
+    finally:
+        for fd in opened:  # the overlay holds its own references to its layers
+            os.close(fd)
+    return upper
+
+
+async def freeze(sb: NamespaceSandbox) -> Layer:
+    """Make the session's writable filesystem a Layer and put the session on a fresh
+    upper over it. The caller holds the session's lock; the session holds no cell (its
+    cell was destroyed: the frozen pages stay charged to that cell's cgroup, and a
+    recycled cell must not start its next session holding them)."""
+    if sb.upper >= 0:
+        src = mounts.clone_mount(sb.upper, "u")
+    else:
+        src = mounts.open_tree_clone(sb.dir)
+    try:
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while True:
+            try:
+                if sb.upper >= 0:
+                    mounts.freeze_superblock(sb.upper)
+                else:
+                    mounts.freeze_superblock(path=sb.dir)
+                break
+            except OSError as e:
+                if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                    raise SandboxStartError(
+                        f"could not freeze the session's files: {e} (a file of the "
+                        "workspace is still open for writing: a descriptor kept alive "
+                        "past its run)") from e
+                await asyncio.sleep(0.01)
+        mounts.set_mount_attrs(src, mounts.MOUNT_ATTR_RDONLY | mounts.MOUNT_ATTR_NOSUID |
+                               mounts.MOUNT_ATTR_NODEV)
+        layer = Layer(src, sb.uid, _used_bytes(src))
+    except BaseException:
+        os.close(src)
+        raise
+    return layer
+
+
+# ------------------------------------------------------------------------ snapshots
+
+class Snapshot:
+    """A session's files, frozen: the state N forks start from. Every fork is an
+    independent session (its own cell, uid, namespaces, cgroup and `disk_mb` of
+    writes); they outlive the session the snapshot came from and the snapshot itself.
+
+        snap = await sb.snapshot()
+        forks = await snap.fork(8)                         # or: await snap.open(limits)
+        rollout(policy, [task], group_size=8, leaser=DirectLeaser(snap.open))  # GRPO
+        await snap.save(store, "runs/r1/prepared")         # another machine: load()
+        await snap.close()                                 # forks keep what they use
+    """
+
+    tier = "namespace"
+
+    def __init__(self, pool: CellPool, layers: list[Layer], limits: Limits,
+                 snapshot_id: str | None = None):
+        self.pool = pool
+        self.layers = layers
+        """The frozen layers, top first; this snapshot holds a reference on each."""
+        self.limits = limits
+        """The limits forks get when they ask for none (the source session's)."""
+        self.id = snapshot_id or uuid.uuid4().hex[:12]
+        self.closed = False
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes the layers hold (pages in use; an upper layer counts its copy-ups)."""
+        return sum(layer.used_bytes for layer in self.layers)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise UsageError(f"snapshot {self.id} is closed; take a new one (or fork "
+                             "before closing it)")
+
+    async def open(self, limits: Limits | None = None,
+                   pool: CellPool | None = None) -> NamespaceSandbox:
+        """A new session starting from this snapshot (`limits`: the snapshot's when
+        None; `disk_mb` bounds what the fork writes on top of it)."""
+        from trialbox.sandbox.namespace import NamespaceSandbox
+        self._check_open()
+        return await NamespaceSandbox.open(pool or self.pool, limits or self.limits,
+                                           base=self.layers)
+
+    async def fork(self, n: int, limits: Limits | None = None) -> list[NamespaceSandbox]:
+        """`n` independent sessions starting from this snapshot."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UsageError(f"fork: n must be an int >= 1, got {n!r}")
+        self._check_open()
+        forks: list[NamespaceSandbox] = []
+        try:
+            for _ in range(n):
+                forks.append(await self.open(limits))
+        except BaseException:
+            for sb in forks:
+                await sb.close()
+            raise
+        return forks
+
+    async def close(self) -> None:
+        """Release the snapshot's layers (idempotent). Open forks keep theirs."""
+        if self.closed:
+            return
+        self.closed = True
+        for layer in self.layers:
+            layer.release()
+        self.layers = []
+
+    async def __aenter__(self) -> Snapshot:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ the store
+    async def save(self, store: ArtifactStore, name: str) -> dict[str, Any]:
+        """Write the snapshot to `store` as `<name>.tar.zst` (its layers flattened into
+        one tree) and `<name>.json` (format, sha256 and size of the archive, files,
+        bytes, the source limits); returns the metadata. `Snapshot.load` restores it on
+        any machine with a namespace-tier pool."""
+        self._check_open()
+        layer_fds = [layer.fd for layer in self.layers]
+        meta = await asyncio.to_thread(_save, store, name, layer_fds)
+        meta.update(format=FORMAT, id=self.id, layers=len(layer_fds),
+                    limits=_limits_dict(self.limits), runtime=self.pool.runtime.id)
+        store.put(f"{name}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
+        return meta
+
+    @classmethod
+    async def load(cls, pool: CellPool, store: ArtifactStore, name: str,
+                   max_mb: int = 4096) -> Snapshot:
+        """The snapshot `save` wrote as `name`: one frozen layer, its files owned by
+        `RESTORED_OWNER` (no session ever runs as that uid; forks see them as theirs).
+        The archive is checked against the metadata's sha256 before anything is
+        extracted; `max_mb` bounds what it may unpack to."""
+        try:
+            meta = json.loads(store.get(f"{name}.json"))
+        except ValueError as e:
+            raise UsageError(f"snapshot metadata {name}.json is not JSON: {e}") from e
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise UsageError(f"{name}.json is not a trialbox snapshot ({FORMAT}); save "
+                             "it with Snapshot.save")
+        if meta["tmpfs_bytes"] > max_mb << 20:
+            raise UsageError(f"snapshot {name} unpacks to {meta['tmpfs_bytes'] >> 20} MiB, "
+                             f"above max_mb={max_mb}; raise max_mb to load it")
+        owner = restored_owner(pool)
+        layer = await asyncio.to_thread(_load, store, name, meta, owner)
+        limits = Limits(**meta["limits"]) if meta.get("limits") else Limits()
+        return cls(pool, [layer], limits, snapshot_id=str(meta.get("id") or "") or None)
+
+
+def restored_owner(pool: CellPool) -> int:
+    """The uid owning a loaded snapshot's files: just below the pool's session uids,
+    so no session ever runs as it."""
+    return pool.config.uid_base - 1
+
+
+def _limits_dict(limits: Limits) -> dict[str, Any]:
+    from dataclasses import asdict
+    return asdict(limits)
+
+
+async def take(sb: NamespaceSandbox) -> Snapshot:
+    """`sb.snapshot()`: freeze the session's files (after any run in flight) and
+    continue the session on a fresh upper over them."""
+    if sb.closed:
+        raise UsageError("cannot snapshot a closed session: take the snapshot before "
+                         "close(), or fork from a snapshot taken earlier")
+    async with sb._lock:
+        if sb.closed:
+            raise UsageError("cannot snapshot a closed session: take the snapshot before "
+                             "close(), or fork from a snapshot taken earlier")
+        if len(sb.layers) >= MAX_LAYERS:
+            raise UsageError(f"this session already stands on {len(sb.layers)} frozen "
+                             f"layers (at most {MAX_LAYERS}); save() a snapshot and load() "
+                             "it to flatten them into one")
+        sb._drop_cell()  # destroyed, not recycled: see freeze()
+        layer = await freeze(sb)
+        layers = [layer] + sb.layers  # the session's references move to the new list
+        try:
+            mounts.umount(sb.dir)
+            upper = mount_fork(sb.dir, layers, sb.uid, sb.limits.disk_bytes,
+                               _inodes(sb.limits))
+        except OSError as e:
+            sb.layers = layers
+            await sb.close()
+            raise SandboxStartError(f"could not remount the session over its "
+                                    f"snapshot: {e}") from e
+        if sb.upper >= 0:
+            os.close(sb.upper)
+        sb.upper, sb.layers = upper, layers
+        return Snapshot(sb.pool, [la.acquire() for la in layers], sb.limits)
+
+
+def _inodes(limits: Limits) -> int:
+    from trialbox.sandbox.namespace import session_inodes
+    return session_inodes(limits)
+
+
+# ------------------------------------------------------------------ serialisation
+
+def _flat_view(layer_fds: list[int]) -> tuple[int, bool]:
+    """A read-only mount showing the layers merged (an overlay without an upper), or
+    the one layer itself; and whether the fd is ours to close."""
+    if len(layer_fds) == 1:
+        return layer_fds[0], False
+    opts: list[tuple[str, str | int | None]] = [("lowerdir+", fd) for fd in layer_fds]
+    return mounts.new_mount("overlay", opts + [("redirect_dir", "follow")],
+                            mounts.MOUNT_ATTR_RDONLY | mounts.MOUNT_ATTR_NOSUID |
+                            mounts.MOUNT_ATTR_NODEV), True
+
+
+def _walk(root: str) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of everything under `root`, each directory before what
+    it holds, names sorted (the same tree gives the same archive)."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        subdirs = []
+        with os.scandir(os.path.join(root, rel) if rel else root) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            st = entry.stat(follow_symlinks=False)
+            yield path, st
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(path)
+        stack.extend(reversed(subdirs))
+
+
+def _tar_tree(root: str, out: IO[bytes]) -> dict[str, int]:
+    """Write the tree under `root` as a tar stream (members under ARCHIVE_ROOT/)."""
+    files = entries = size = pages = 0
+    links: dict[tuple[int, int], str] = {}
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for rel, st in _walk(root):
+            info = tarfile.TarInfo(f"{ARCHIVE_ROOT}/{rel}")
+            info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+            entries += 1
+            pages += 4096
+            if stat.S_ISDIR(st.st_mode):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif stat.S_ISLNK(st.st_mode):
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(os.path.join(root, rel))
+                tar.addfile(info)
+            elif stat.S_ISFIFO(st.st_mode):
+                info.type = tarfile.FIFOTYPE
+                tar.addfile(info)
+            elif stat.S_ISREG(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if st.st_nlink > 1 and key in links:
+                    info.type, info.linkname = tarfile.LNKTYPE, links[key]
+                    tar.addfile(info)
+                    continue
+                links[key] = info.name
+                info.size = st.st_size
+                files += 1
+                size += st.st_size
+                pages += -(-st.st_size // 4096) * 4096
+                fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW |
+                             os.O_CLOEXEC)
+                with os.fdopen(fd, "rb") as f:
+                    tar.addfile(info, f)
+            # sockets (and nothing else can be there) are not state: left out
+    return {"files": files, "entries": entries, "bytes": size, "tmpfs_bytes": pages}
+
+
+def _save(store: ArtifactStore, name: str, layer_fds: list[int]) -> dict[str, Any]:
+    view, own = _flat_view(layer_fds)
+    try:
+        zstd = subprocess.Popen(["zstd", "-q", "-3", "-T0", "-c"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        assert zstd.stdin is not None and zstd.stdout is not None
+        counts: dict[str, int] = {}
+        failure: list[BaseException] = []
+
+        def feed() -> None:
+            assert zstd.stdin is not None
+            try:
+                counts.update(_tar_tree(f"/proc/self/fd/{view}", zstd.stdin))
+            except BaseException as e:  # reported below, on the caller's thread
+                failure.append(e)
+            finally:
+                zstd.stdin.close()
+
+        feeder = threading.Thread(target=feed, name="trialbox-snapshot-tar")
+        feeder.start()
+        digest, compressed = hashlib.sha256(), 0
+        with store.open(f"{name}.tar.zst", "wb") as f:
+            while chunk := zstd.stdout.read(1 << 20):
+                digest.update(chunk)
+                compressed += len(chunk)
+                f.write(chunk)
+        feeder.join()
+        if zstd.wait() != 0 or failure:
+            raise SandboxStartError(f"could not archive snapshot {name}: "
+                                    f"{failure[0] if failure else 'zstd failed'}")
+    finally:
+        if own:
+            os.close(view)
+    return dict(counts, archive=f"{name}.tar.zst", sha256=digest.hexdigest(),
+                compressed_bytes=compressed, saved_at=time.time())
+
+
+def _load(store: ArtifactStore, name: str, meta: Mapping[str, Any], owner: int) -> Layer:
+    with tempfile.TemporaryFile() as tmp:
+        digest = hashlib.sha256()
+        with store.open(str(meta.get("archive") or f"{name}.tar.zst"), "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                tmp.write(chunk)
+        if digest.hexdigest() != meta.get("sha256"):
+            raise UsageError(f"snapshot archive {name}.tar.zst does not match its metadata "
+                             f"(sha256 {digest.hexdigest()}, expected {meta.get('sha256')}): "
+                             "it was changed or cut short; save the snapshot again")
+        tmp.seek(0)
+        size = int(meta["tmpfs_bytes"]) + (1 << 20)
+        fs = mounts.new_mount("tmpfs", [("size", str(size)),
+                                        ("nr_inodes", str(int(meta["entries"]) + 64)),
+                                        ("mode", "755")])
+        try:
+            zstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=tmp,
+                                    stdout=subprocess.PIPE)
+            assert zstd.stdout is not None
+            try:
+                _untar(zstd.stdout, fs, owner, name)
+            finally:
+                zstd.stdout.close()
+                if zstd.wait() != 0:
+                    raise UsageError(f"snapshot archive {name}.tar.zst is not valid zstd")
+            mounts.freeze_superblock(fs)
+            mounts.set_mount_attrs(fs, mounts.MOUNT_ATTR_RDONLY | mounts.MOUNT_ATTR_NOSUID |
+                                   mounts.MOUNT_ATTR_NODEV)
+            return Layer(fs, owner, _used_bytes(fs))
+        except BaseException:
+            os.close(fs)
+            raise
+
+
+def _untar(stream: IO[bytes], root: int, owner: int, name: str) -> None:
+    """Extract a snapshot archive under `root` without ever following a link: every
+    parent is walked with O_NOFOLLOW (mounts._open_dir_chain), members outside
+    ARCHIVE_ROOT/, with '..' or of other types are refused."""
+    dirs: list[tuple[list[str], int, int]] = []
+    try:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            for m in tar:
+                parts = _member_parts(m.name, name)
+                if not parts:
+                    continue
+                mode = m.mode & 0o1777  # never setuid/setgid (and the mount is nosuid)
+                if m.isdir():
+                    dfd = mounts._open_dir_chain(root, parts, True, owner)
+                    os.close(dfd)
+                    dirs.append((parts, mode, int(m.mtime)))
+                    continue
+                dfd = mounts._open_dir_chain(root, parts[:-1], True, owner)
+                try:
+                    leaf = parts[-1]
+                    if m.isreg():
+                        src = tar.extractfile(m)
+                        assert src is not None
+                        fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                                     os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+                        with os.fdopen(fd, "wb") as out:
+                            while chunk := src.read(1 << 20):
+                                out.write(chunk)
+                            os.fchmod(fd, mode)
+                            os.fchown(fd, owner, owner)
+                            os.utime(fd, (m.mtime, m.mtime))
+                    elif m.issym():
+                        os.symlink(m.linkname, leaf, dir_fd=dfd)
+                        os.chown(leaf, owner, owner, dir_fd=dfd, follow_symlinks=False)
+                    elif m.islnk():
+                        target = _member_parts(m.linkname, name)
+                        sfd = mounts._open_dir_chain(root, target[:-1], False, owner)
+                        try:
+                            os.link(target[-1], leaf, src_dir_fd=sfd, dst_dir_fd=dfd,
+                                    follow_symlinks=False)
+                        finally:
+                            os.close(sfd)
+                    elif m.isfifo():
+                        os.mkfifo(leaf, mode, dir_fd=dfd)
+                        os.chown(leaf, owner, owner, dir_fd=dfd, follow_symlinks=False)
+                    else:
+                        raise UsageError(f"snapshot archive {name}: member {m.name!r} is "
+                                         "of a type a workspace never holds")
+                finally:
+                    os.close(dfd)
+    except tarfile.TarError as e:
+        raise UsageError(f"snapshot archive {name}.tar.zst is not a valid archive: "
+                         f"{e}") from e
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise UsageError(f"snapshot archive {name} holds more than its metadata "
+                             "says; save it again") from e
+        raise
+    for parts, mode, mtime in reversed(dirs):  # deepest last-made first: modes after
+        dfd = mounts._open_dir_chain(root, parts, False, owner)
+        try:
+            os.fchmod(dfd, mode)
+            os.fchown(dfd, owner, owner)
+            os.utime(dfd, (mtime, mtime))
+        finally:
+            os.close(dfd)
+
+
+def _member_parts(member: str, name: str) -> list[str]:
+    parts = [p for p in member.split("/") if p not in ("", ".")]
+    if not parts or parts[0] != ARCHIVE_ROOT or ".." in parts or member.startswith("/") \
+            or any("\x00" in p for p in parts):
+        raise UsageError(f"snapshot archive {name}: member {member!r} is outside "
+                         f"{ARCHIVE_ROOT}/; it was not written by Snapshot.save")
+    return parts[1:]
