@@ -101,3 +101,50 @@ class SandboxProvider(Protocol):
     async def open(self, limits: Limits | None = None) -> Sandbox:
         """A new session with these limits (the tier's defaults when None)."""
         ...
+
+
+# ------------------------------------------------------- optional: snapshots and forks
+
+@runtime_checkable
+class SessionSnapshot(Protocol):
+    """A session's files frozen: the state any number of new sessions start from, each
+    copy-on-write and independent (docs/snapshots.md). Its `open` is an opener: a
+    GRPO group starts every sample from one prepared state with
+    `rollout(..., leaser=DirectLeaser(snap.open))`."""
+
+    tier: str
+    limits: Limits
+    """What a session opened from it gets when it asks for no limits."""
+
+    async def open(self, limits: Limits | None = None) -> Sandbox:
+        """A new session starting from the snapshot; `disk_mb` bounds what it writes."""
+        ...
+
+    async def fork(self, n: int, limits: Limits | None = None) -> Sequence[Sandbox]:
+        """`n` new sessions starting from the snapshot."""
+        ...
+
+    async def close(self) -> None:
+        """Release the snapshot (idempotent); sessions opened from it live on."""
+        ...
+
+
+@runtime_checkable
+class Snapshottable(Protocol):
+    """An optional capability of a `Sandbox`: the namespace tier has it; check with
+    `isinstance(sb, Snapshottable)` before relying on it.
+
+        snap = await sb.snapshot()            # after the expensive set-up
+        forks = await snap.fork(8)            # or: await sb.fork(8)
+
+    A snapshot of a closed session is a UsageError. Forks outlive the session and the
+    snapshot; each is closed on its own."""
+
+    async def snapshot(self) -> SessionSnapshot:
+        """Freeze the session's files as they are after the run in flight, if any; the
+        session carries on."""
+        ...
+
+    async def fork(self, n: int, limits: Limits | None = None) -> Sequence[Sandbox]:
+        """`n` new sessions starting from this one's files as they are now."""
+        ...

@@ -513,6 +513,7 @@ def _untar(stream: IO[bytes], root: int, owner: int, name: str) -> None:
                         with os.fdopen(fd, "wb") as out:
                             while chunk := src.read(1 << 20):
                                 out.write(chunk)
+                            out.flush()  # before the mtime is set
                             os.fchmod(fd, mode)
                             os.fchown(fd, owner, owner)
                             os.utime(fd, (m.mtime, m.mtime))
