@@ -8,6 +8,8 @@
     │   ├── schedule.queues.QueueFull              past the scheduler's waiting-room bound
     │   ├── service.errors.NotFound                no such session / submission
     │   ├── service.errors.FieldError              a request field is unusable (names it)
+    │   ├── store.harbor.HarborError  a Harbor task directory is malformed (names the
+    │   │                   file and the field)
     │   ├── sandbox.mounts.PathObstructed  a workspace path is in the way (a directory
     │   │                   where a file goes): in a session, the candidate's doing, so
     │   │                   run_code and the agent turn it into its outcome
