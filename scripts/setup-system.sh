@@ -22,6 +22,10 @@ need=()
 [ -x /usr/sbin/runc ] || need+=(runc)
 [ -x /usr/bin/crun ] || need+=(crun)
 [ -x /usr/bin/linux ] || need+=(user-mode-linux)
+#   nftables, iproute2 — network allow-lists (Limits.net_allow): the gateway namespace's
+#           filter and counter (nft), the veth pair and routes (ip)
+[ -x /usr/sbin/nft ] || need+=(nftables)
+[ -x /usr/sbin/ip ] || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup-system: missing Debian packages: ${need[*]} — run as root or: sudo apt-get install ${need[*]}" >&2

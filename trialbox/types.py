@@ -46,6 +46,10 @@ class Limits:
     """CPU bandwidth: how many cores' worth of time the run may use at once."""
     network: bool = False
     """Give the run the host's network. Off: a private network namespace with only `lo`."""
+    net_allow: tuple[str, ...] = ()
+    """TCP endpoints the session may connect to, `ADDR[/PREFIX]:PORT` (`[ADDR]:PORT` for
+    IPv6), e.g. `("10.0.0.5:3141", "10.1.0.0/24:443")`; everything else is refused and
+    counted (sandbox/network.py). Fixed when the session opens. Empty: no network."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,6 +57,13 @@ class Limits:
             if f.name == "network":
                 if not isinstance(value, bool):
                     raise LimitsError(f"Limits.network must be True or False, got {value!r}")
+                continue
+            if f.name == "net_allow":
+                object.__setattr__(self, "net_allow", _check_net_allow(value))
+                if self.net_allow and self.network:
+                    raise LimitsError(
+                        "Limits.network=True gives the host's whole network and "
+                        "Limits.net_allow narrows a private one: set only one of them")
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise LimitsError(f"Limits.{f.name} must be a number, got {value!r}")
@@ -97,6 +108,55 @@ class Limits:
     def with_(self, **changes: Any) -> Limits:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
+
+
+def parse_endpoint(entry: str) -> tuple[str, int]:
+    """`ADDR[/PREFIX]:PORT` or `[ADDR[/PREFIX]]:PORT` -> (network as text, port), checked.
+
+    >>> parse_endpoint("10.1.0.0/24:443")
+    ('10.1.0.0/24', 443)
+    >>> parse_endpoint("[fd00::5]:80")
+    ('fd00::5/128', 80)
+    """
+    import ipaddress
+    form = ("use 'ADDR[/PREFIX]:PORT', e.g. '10.0.0.5:3141' or '10.1.0.0/24:443' "
+            "('[fd00::5]:80' for IPv6)")
+    if not isinstance(entry, str):
+        raise LimitsError(f"Limits.net_allow entry {entry!r} is not a string; {form}")
+    host, sep, port_text = entry.rpartition(":")
+    if not sep or not host:
+        raise LimitsError(f"Limits.net_allow entry {entry!r} has no port; {form}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise LimitsError(f"Limits.net_allow entry {entry!r}: put an IPv6 address in "
+                          f"brackets; {form}")
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise LimitsError(f"Limits.net_allow entry {entry!r}: port {port_text!r} is not "
+                          f"a number from 1 to 65535; {form}")
+    try:
+        net = ipaddress.ip_network(host, strict=True)
+    except ValueError as e:
+        raise LimitsError(f"Limits.net_allow entry {entry!r}: {e} (an address or "
+                          f"network, no host names); {form}") from None
+    if net.subnet_of(ipaddress.ip_network("127.0.0.0/8")  # type: ignore[arg-type]
+                     if net.version == 4 else ipaddress.ip_network("::1/128")):
+        raise LimitsError(f"Limits.net_allow entry {entry!r}: a sandbox's loopback is its "
+                          "own (nothing on the host's is reachable there); allow an "
+                          "address the host serves on another interface")
+    return str(net), int(port_text)
+
+
+def _check_net_allow(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise LimitsError(f"Limits.net_allow must be a tuple of 'ADDR[/PREFIX]:PORT' "
+                          f"strings, got {value!r}; e.g. ('10.0.0.5:3141',)")
+    if len(value) > 64:
+        raise LimitsError(f"Limits.net_allow has {len(value)} entries; at most 64 "
+                          "(use a network prefix to cover a range)")
+    for entry in value:
+        parse_endpoint(entry)
+    return tuple(value)
 
 
 class ExecStatus(enum.Enum):

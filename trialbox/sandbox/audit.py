@@ -16,9 +16,11 @@ session's limits, when it opened and closed, every command (argv cut to
 `AuditConfig.max_arg_chars` per argument, with its full length; offset from the open,
 status, exit code or signal, stdin/stdout/stderr bytes, wall/CPU ms, peak memory,
 per-run limits when they differ, the limit hit if any, the error raised if any), files
-written and read with their bytes, and the totals. Refused network attempts are not
-counted: no tier has a counter outside the candidate for them yet (issue 16, the
-allow-list item), so the field is absent rather than a made-up zero.
+written and read with their bytes, the totals, and — for a session with an allow-list
+(`Limits.net_allow`) — the network attempts refused, counted outside the candidate by
+the session's network gate (network.py; read once, after the session closes). A session
+without one has no route out and no counter: its `network_refused` is null, not a
+made-up zero.
 
 Cost on the hot path: an `exec` appends one tuple (its start time and the argv, stdin
 size, limits and result it already holds) to a list; the record is built, serialised
@@ -133,6 +135,9 @@ class SessionRecord:
     bytes_out: int = 0
     """stdout, stderr plus files read out of the workspace."""
     limit_hits: dict[str, int] = field(default_factory=dict)
+    network_refused: int | None = None
+    """Connection attempts (and other packets) outside `Limits.net_allow` refused, counted
+    by the network gate; None without an allow-list (no route out, nothing counted)."""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -254,7 +259,7 @@ class _Session:
 
     __slots__ = ("id", "task_id", "tier", "runtime", "limits", "opened_at", "t0",
                  "closed_at", "runs", "files_written", "files_read", "bytes_written",
-                 "bytes_read")
+                 "bytes_read", "network_refused")
 
     def __init__(self, sid: str, task_id: str, tier: str, runtime: str, limits: Limits):
         self.id, self.task_id, self.tier, self.runtime = sid, task_id, tier, runtime
@@ -266,6 +271,7 @@ class _Session:
         self.runs: list[tuple[float, Sequence[str], int, Limits | None,
                               ExecResult | BaseException]] = []
         self.files_written = self.files_read = self.bytes_written = self.bytes_read = 0
+        self.network_refused: int | None = None
 
     def record(self, who: str, max_chars: int) -> SessionRecord:
         commands = []
@@ -298,7 +304,7 @@ class _Session:
             closed_at=self.closed_at or time.time(), closed=bool(self.closed_at),
             commands=tuple(commands), files_written=self.files_written,
             files_read=self.files_read, bytes_in=bytes_in, bytes_out=bytes_out,
-            limit_hits=hits)
+            limit_hits=hits, network_refused=self.network_refused)
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -352,6 +358,9 @@ class AuditedSandbox:
     async def close(self) -> None:
         try:
             await self.inner.close()
+            refused = getattr(self.inner, "network_refused", None)
+            if self.inner.limits.net_allow and refused is not None:
+                self._s.network_refused = await refused()  # the gate's final count
         finally:
             self._log._end(self._s)
 

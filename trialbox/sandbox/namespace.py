@@ -26,6 +26,7 @@ from typing import cast
 from trialbox.errors import SandboxStartError, UsageError, ZygoteDied
 from trialbox.sandbox import mounts, snapshot
 from trialbox.sandbox.cgroups import OverBudget
+from trialbox.sandbox.network import Gate, check_node
 from trialbox.sandbox.pool import BASE_ENV, Cell, CellPool, FdReader
 from trialbox.telemetry import traced_acquire, traced_exec
 from trialbox.types import ExecResult, ExecStatus, Limits
@@ -96,6 +97,9 @@ class NamespaceSandbox:
         self.closed = False
         self._lock = asyncio.Lock()
         self._current: _Run | None = None
+        self.gate: Gate | None = None
+        """The cell's allow-listed way out (network.py), with `Limits.net_allow` only."""
+        self._refused = 0  # refused network attempts counted by gates already closed
 
     @classmethod
     async def open(cls, pool: CellPool, limits: Limits | None = None,
@@ -105,6 +109,8 @@ class NamespaceSandbox:
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a trialbox.types.Limits, got "
                              f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
+        if limits is not None and limits.net_allow:
+            check_node()
         sb = cls(pool, limits or Limits(), base)
         sb._open_session()
         return sb
@@ -167,8 +173,7 @@ class NamespaceSandbox:
     def _teardown(self) -> None:
         self.closed = True
         if self.cell is not None:
-            self.pool.done_with(self.cell, recycle=True)
-            self.cell = None
+            self._hand_back(recycle=True)
         if self.dir:  # unmounted off the event loop; the uid is free after that
             self.pool.retire_session(self.dir, self.uid)
             self.dir, self.uid = "", -1
@@ -192,8 +197,7 @@ class NamespaceSandbox:
             return
         async with self._lock:
             if self.cell is not None:
-                self.pool.done_with(self.cell, recycle=True)
-                self.cell = None
+                self._hand_back(recycle=True)
 
     async def snapshot(self) -> snapshot.Snapshot:
         """Freeze the session's files (workspace, /tmp, /dev/shm) as they are after the
@@ -264,6 +268,9 @@ class NamespaceSandbox:
             raise UsageError("Limits.network is fixed when the session opens (it shapes "
                              "the session's namespaces); open a session with "
                              f"Limits(network={limits.network})")
+        if limits.net_allow != self.limits.net_allow:
+            raise UsageError("Limits.net_allow is fixed when the session opens; open a "
+                             f"session with Limits(net_allow={limits.net_allow!r})")
         # disk_mb is the size of the session's workspace, set at open; a run's own
         # disk_mb only bounds single files (RLIMIT_FSIZE).
         spec = self._spec(argv, env, cwd, limits)
@@ -321,7 +328,8 @@ class NamespaceSandbox:
             return self.cell
         self._drop_cell()
         for attempt in range(3):
-            cell = await self.pool.acquire(self.limits.network)
+            cell = await self.pool.acquire(self.limits.network,
+                                           fresh=bool(self.limits.net_allow))
             trees: list[int] = []
             try:
                 for path in self.mount_sources:
@@ -340,13 +348,46 @@ class NamespaceSandbox:
                 raise
             cell.trees = trees
             self.cell = cell
+            if self.limits.net_allow:
+                try:
+                    await self._attach_gate(cell)
+                except BaseException:
+                    self._drop_cell()
+                    raise
             return cell
         raise AssertionError("unreachable")
 
     def _drop_cell(self) -> None:
         if self.cell is not None:
-            self.pool.done_with(self.cell)
-            self.cell = None
+            self._hand_back(recycle=False)
+
+    def _hand_back(self, recycle: bool) -> None:
+        """Give the cell back to the pool; a cell that had a network gate is destroyed
+        (its namespace holds the veth), never recycled."""
+        assert self.cell is not None
+        if self.gate is not None:
+            self._refused += self.gate.close()
+            self.gate = None
+            recycle = False
+        self.pool.done_with(self.cell, recycle=recycle)
+        self.cell = None
+
+    async def network_refused(self) -> int:
+        """Connection attempts (and other packets) to addresses and ports outside
+        `Limits.net_allow` refused so far in this session, counted outside the candidate
+        (network.py); 0 without an allow-list (its network namespace has no route out)."""
+        if self.gate is None:
+            return self._refused
+        return self._refused + await asyncio.to_thread(self.gate.refused)
+
+    async def _attach_gate(self, cell: Cell) -> None:
+        fd = await self.pool.cell_netns(cell)
+        try:
+            self.gate = await asyncio.to_thread(Gate.open, self.limits.net_allow, fd,
+                                                self.pool.config.net_egress)
+        finally:
+            os.close(fd)
+        self.gate.serve(asyncio.get_running_loop())
 
     def _infra(self, message: str) -> ExecResult:
         return ExecResult(status=ExecStatus.INFRA, message=message,

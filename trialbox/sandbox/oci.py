@@ -49,6 +49,7 @@ from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError
 from trialbox.sandbox import mounts
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.cgroups import _mounts as _cgroup_mounts
+from trialbox.sandbox.network import Gate, check_node, configure_sandbox_side, new_netns
 from trialbox.sandbox.pool import (DEV_NODES, _build_root_template, _owner_alive,
                                    owner_id, system_runtime)
 from trialbox.sandbox.seccomp import build_filter
@@ -122,6 +123,9 @@ class OciConfig:
     """Limits warm sessions are prepared with (disk size; network off)."""
     start_timeout_s: float = 20.0
     """How long a container may take to start before the start counts as failed."""
+    net_egress: str = ""
+    """The network namespace (a path, e.g. /run/netns/mirror) that connections allowed
+    by `Limits.net_allow` are made from; empty: the supervisor's own (network.py)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.warm <= 64:
@@ -263,6 +267,10 @@ class Container:
         self.on_frame: Callable[[bytes, bytes], None] | None = None
         self.on_eof: Callable[[], None] | None = None
         self.dead = False
+        self.gate: Gate | None = None
+        """The container's allow-listed way out (network.py), with Limits.net_allow."""
+        self.netns = -1  # the network namespace made for the gate (held until destroy)
+        self.refused = 0  # the gate's final count, once destroyed
 
     @property
     def alive(self) -> bool:
@@ -276,6 +284,10 @@ class Container:
                                p.config.uid_base)
         with open(os.path.join(self.sdir, "config.json"), "w") as f:
             json.dump(config, f)
+        if self.limits.net_allow:
+            await self._attach_gate(config)
+            with open(os.path.join(self.sdir, "config.json"), "w") as f:
+                json.dump(config, f)
         procs = p.cgroups.create(self.cgroup, p.host_limits(self.limits))
         self.files = p.cgroups.open_files(self.cgroup)
         join = procs if p.engine.join_cgroup else []
@@ -297,6 +309,13 @@ class Container:
         argv = p.engine.argv(p.runtime_root, "run", *extra, "--bundle", self.sdir,
                              self.cid)
         if self.limits.network:  # runsc: the host's network (others: no netns in the spec)
+            argv = [("--network=host" if a == "--network=none" else a) for a in argv]
+        elif self.limits.net_allow:
+            # runsc: the Sentry's sockets are host sockets in the namespace the bundle
+            # names (ours, whose only way out is the gate). Its own netstack
+            # (--network=sandbox) is refused there: this runsc takes any namespace with
+            # /proc/sys/net/core/rmem_default for the host's, and kernels since 6.x
+            # have that file in every namespace.
             argv = [("--network=host" if a == "--network=none" else a) for a in argv]
         logf = open(os.path.join(self.sdir, "runtime.log"), "ab")
         try:
@@ -322,6 +341,20 @@ class Container:
         except BaseException:
             self.destroy()
             raise
+
+    async def _attach_gate(self, config: dict[str, Any]) -> None:
+        """A network namespace of our own for the container, with a gate (network.py)
+        to what `Limits.net_allow` allows; the bundle joins it by path."""
+        loop = self.provider.loop
+        self.netns = await loop.run_in_executor(None, new_netns)
+        await loop.run_in_executor(None, configure_sandbox_side, self.netns)
+        self.gate = await loop.run_in_executor(None, Gate.open, self.limits.net_allow,
+                                               self.netns, self.provider.config.net_egress)
+        self.gate.serve(loop)
+        path = f"/proc/{os.getpid()}/fd/{self.netns}"
+        for ns in config["linux"]["namespaces"]:
+            if ns["type"] == "network":
+                ns["path"] = path
 
     def _frame(self, tag: bytes, payload: bytes) -> None:
         if tag == b"H" and not self.hello.done():
@@ -379,6 +412,12 @@ class Container:
                 self.proc.wait()
         p.delete_container(self.cid)
         p.remove_cgroup(self.cgroup)
+        if self.gate is not None:
+            self.refused = self.gate.close()
+            self.gate = None
+        if self.netns >= 0:
+            os.close(self.netns)
+            self.netns = -1
 
 
 # ------------------------------------------------------------------ the provider
@@ -470,9 +509,12 @@ class OciProvider:
             raise UsageError(f"the {self.tier} provider is not started (await "
                              "provider.start()) or already closed")
         limits = limits or self.config.default_limits
-        if not limits.network and not self._ready and self._warming:
+        if limits.net_allow:
+            check_node()
+        warm_fits = not limits.network and not limits.net_allow
+        if warm_fits and not self._ready and self._warming:
             await self._wait_for_warm()  # no second cold start beside one under way
-        while not limits.network and self._ready:
+        while warm_fits and self._ready:
             sb = self._ready.pop()
             self._refill()
             if sb.container is not None and sb.container.alive:

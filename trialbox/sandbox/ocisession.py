@@ -46,6 +46,7 @@ class OciSession:
         self.closed = False
         self._lock = asyncio.Lock()
         self._run: _Run | None = None
+        self._refused = 0  # refused network attempts counted by containers destroyed
         self.uid = SANDBOX_UID + (provider.config.uid_base if provider.engine.userns else 0)
         """Host uid of the workspace's files (the sandbox's uid 1000, as the host sees it)."""
 
@@ -119,6 +120,15 @@ class OciSession:
         if self._run is not None:
             self._run.kill(ExecStatus.SIGNAL, "stopped by the caller")
 
+    async def network_refused(self) -> int:
+        """Connection attempts (and other packets) outside `Limits.net_allow` refused so
+        far in this session, counted outside the sandbox (network.py); 0 without an
+        allow-list."""
+        c = self.container
+        if c is None or c.gate is None:
+            return self._refused
+        return self._refused + await asyncio.to_thread(c.gate.refused)
+
     async def park(self) -> None:
         """The container is the session's; between runs it holds only an idle fork
         server (no candidate process survives a run). Nothing to hand back."""
@@ -135,6 +145,7 @@ class OciSession:
     def _teardown(self, c: Container | None) -> None:
         if c is not None:
             c.destroy()
+            self._refused += c.refused
         if os.path.isdir(self.fs):
             for mp in mounts.mounts_under(self.fs):
                 mounts.umount(mp)
@@ -155,6 +166,9 @@ class OciSession:
         if limits.network != self.limits.network:
             raise UsageError("Limits.network is fixed when the session opens; open a "
                              f"session with Limits(network={limits.network})")
+        if limits.net_allow != self.limits.net_allow:
+            raise UsageError("Limits.net_allow is fixed when the session opens; open a "
+                             f"session with Limits(net_allow={limits.net_allow!r})")
         if not isinstance(stdin, (bytes, bytearray, memoryview)):
             raise UsageError(f"stdin must be bytes, got {type(stdin).__name__}")
         spec = self._spec(argv, env, cwd, limits)
@@ -176,6 +190,7 @@ class OciSession:
                 if self.container is not None:
                     old, self.container = self.container, None
                     await self.provider.loop.run_in_executor(None, old.destroy)
+                    self._refused += old.refused
                 try:
                     await self.start_container()
                 except (SandboxStartError, SandboxUnavailable, OSError) as e:

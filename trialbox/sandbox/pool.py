@@ -95,6 +95,9 @@ class PoolConfig:
     built with gcc at start): "auto" uses it when it builds and falls back to the same
     steps in Python with a warning, "on" requires it, "off" never builds it. Same
     isolation either way; C spares each run ~0.5 k copy-on-write faults (docs/sandbox.md)."""
+    net_egress: str = ""
+    """The network namespace (a path, e.g. /run/netns/mirror) that connections allowed
+    by `Limits.net_allow` are made from; empty: the supervisor's own (network.py)."""
 
     def __post_init__(self) -> None:
         from trialbox.errors import UsageError
@@ -720,8 +723,10 @@ class CellPool:
         procs = self.cgroups.create(rel, limits)
         return procs, self.cgroups.open_files(rel)
 
-    async def acquire(self, net: bool = False) -> Cell:
-        """A ready cell (warm if one is waiting, prepared now otherwise)."""
+    async def acquire(self, net: bool = False, fresh: bool = False) -> Cell:
+        """A ready cell (warm if one is waiting, prepared now otherwise). `fresh`: one
+        that has served no session (a recycled cell's init may still be renewing its
+        network namespace; a network gate must attach to the one its candidates get)."""
         if self.closed:
             raise ZygoteDied("the pool is closed")
         self._in_use += 1
@@ -730,7 +735,7 @@ class CellPool:
             while self._ready:  # cells of a dead zygote die with it
                 self.release(self._ready.popleft())
         try:
-            if not net:
+            if not net and not fresh:
                 while self._ready:
                     cell = self._ready.popleft()
                     if cell.status is not None and not cell.status.done.done():
@@ -742,6 +747,26 @@ class CellPool:
         except BaseException:
             self._in_use -= 1
             raise
+
+    async def cell_netns(self, cell: Cell) -> int:
+        """An fd of the cell's network namespace (its init's: the zygote knows its pid),
+        for a network gate (network.py). The caller closes it."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ours.settimeout(5)
+            self.send_zygote({"op": "netns", "cell": cell.id}, [theirs.fileno()])
+            theirs.close()
+            msg, fds, _flags, _addr = await self.loop.run_in_executor(
+                None, socket.recv_fds, ours, 16, 1)
+        finally:
+            ours.close()
+            theirs.close()
+        if msg != b"N" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxStartError(f"cell {cell.id}: its network namespace could not be "
+                                    "opened (the cell is gone)")
+        return fds[0]
 
     def done_with(self, cell: Cell, recycle: bool = False) -> None:
         """A session finished with this cell. With `recycle` (the session ended cleanly)

@@ -215,6 +215,8 @@ def serve(ctl):
         op = msg.get("op")
         if op == "warm":
             warm(ctl, msg, fds)
+        elif op == "netns":  # the cell's network namespace, for its allow-list gate
+            send_netns(CELLS.get(msg["cell"]), fds)
         elif op == "kill":
             pid = CELLS.get(msg["cell"])
             if pid:
@@ -232,6 +234,29 @@ def serve(ctl):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def send_netns(pid, fds):
+    """Answer on the socket passed (fds[0]): `N` with an fd of B's network namespace
+    (the supervisor attaches a network gate to it: sandbox/network.py), or `E`."""
+    if not fds:
+        return
+    reply = socket.socket(fileno=os.dup(fds[0]))
+    try:
+        ns = os.open("/proc/%d/ns/net" % pid, os.O_RDONLY | os.O_CLOEXEC) if pid else -1
+    except OSError:
+        ns = -1
+    try:
+        if ns >= 0:
+            socket.send_fds(reply, [b"N"], [ns])
+        else:
+            reply.sendmsg([b"E"])
+    except OSError:
+        pass
+    finally:
+        reply.close()
+        if ns >= 0:
+            os.close(ns)
 
 
 WARMUP_SOURCE = """
