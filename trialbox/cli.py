@@ -262,6 +262,9 @@ async def _eval(args: argparse.Namespace) -> int:
         from trialbox.judge.amplify import apply, load
         loaded = apply(loaded, load(args.amplified))
     tasks = index(loaded)
+    from trialbox.sandbox.tiers import check_routable  # a task's risk picks its tier
+    check_routable(tasks.values(), {"namespace": None, **{t: EVAL_NAMESPACE_ONLY for t in (
+        "container", "gvisor")}})
     samples = read_samples(args.samples)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK) or (
@@ -311,6 +314,10 @@ async def _eval(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot write --out {args.out}: {e.strerror}") from e
     print(json.dumps(summary))
     return 0
+
+
+EVAL_NAMESPACE_ONLY = ("`trialbox eval` grades in the namespace tier only for now (the "
+                       "judges take a CellPool)")
 
 
 def _audit(args: argparse.Namespace) -> int:

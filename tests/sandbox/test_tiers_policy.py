@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+from typing import Any
 
 import pytest
 
@@ -107,3 +108,60 @@ def test_real_tiers_by_risk() -> None:
                 router.provider_for(_task(Risk.UNTRUSTED))
 
     asyncio.run(asyncio.wait_for(body(), 120))
+
+
+# ------------------------------------------------------------ risk declared in task files
+
+STDIO_ROW = ('{"task_id": "%s", "kind": "stdio", "prompt": "p", '
+             '"tests": [{"stdin": "", "expected": "1\\n"}]%s}')
+FUNCTION_ROW = ('{"task_id": "%s", "prompt": "def f():\\n", "entry_point": "f", '
+                '"test": "def check(candidate):\\n    assert candidate() == 1\\n"%s}')
+
+
+def _load(tmp_path: Any, *lines: str) -> list[Task]:
+    from trialbox.store.tasks import load_tasks
+    path = tmp_path / "set.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return load_tasks(str(path))
+
+
+def test_task_files_declare_risk_per_task_and_per_set(tmp_path: Any) -> None:
+    tasks = _load(tmp_path, STDIO_ROW % ("a", ""), STDIO_ROW % ("b", ', "risk": "hostile"'),
+                  FUNCTION_ROW % ("c", ', "risk": "untrusted"'))
+    assert [t.risk for t in tasks] == [Risk.ROUTINE, Risk.HOSTILE, Risk.UNTRUSTED]
+    tasks = _load(tmp_path, '{"task_set": {"risk": "untrusted"}}', STDIO_ROW % ("a", ""),
+                  FUNCTION_ROW % ("b", ', "risk": "hostile"'))
+    assert [t.risk for t in tasks] == [Risk.UNTRUSTED, Risk.HOSTILE]
+    # routed by it
+    router = TierRouter([_fake("namespace"), _fake("gvisor")])
+    assert [router.provider_for(t).tier for t in tasks] == ["gvisor", "gvisor"]
+
+
+@pytest.mark.parametrize("lines, hint", [
+    ([STDIO_ROW % ("a", ', "risk": "evil"')], "unknown risk 'evil'; use one of routine"),
+    ([FUNCTION_ROW % ("a", ', "risk": 3')], "unknown risk 3"),
+    (['{"task_set": {"risk": "hostile"}}', STDIO_ROW % ("a", ', "risk": "routine"')],
+     "below its task set's 'hostile'"),
+    ([STDIO_ROW % ("a", ""), '{"task_set": {"risk": "hostile"}}'], "must be the file's first"),
+    (['{"task_set": {"level": "hostile"}}'], "unknown field 'level' in 'task_set'"),
+])
+def test_a_bad_risk_in_a_task_file_is_a_clear_error(tmp_path: Any, lines: list[str],
+                                                    hint: str) -> None:
+    with pytest.raises(UsageError, match=hint):
+        _load(tmp_path, *lines)
+
+
+def test_eval_refuses_a_task_whose_tier_it_cannot_run(tmp_path: Any, capsys: Any) -> None:
+    """`trialbox eval` grades in the namespace tier only: a hostile task (gvisor by the
+    default policy) is refused before anything runs, never graded in the weaker tier."""
+    from trialbox.cli import main
+    path = tmp_path / "set.jsonl"
+    path.write_text(STDIO_ROW % ("a", "") + "\n" + STDIO_ROW % ("evil/1", ', "risk": "hostile"')
+                    + "\n")
+    (tmp_path / "s.jsonl").write_text('{"task_id": "a", "completion": "print(1)"}\n')
+    rc = main(["eval", "--tasks", str(path), "--samples", str(tmp_path / "s.jsonl"),
+               "--out", str(tmp_path / "o.jsonl"), "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 3 and not (tmp_path / "o.jsonl").exists(), err
+    assert "task 'evil/1' is hostile" in err and "gvisor tier" in err, err
+    assert "never runs it in a weaker tier" in err, err

@@ -152,7 +152,7 @@ def ruleset(rules: Sequence[Rule]) -> str:
     """G's nftables ruleset: the allowed pairs accepted, everything else from the
     sandbox counted and refused.
 
-    >>> print(ruleset(rules_of(["10.9.0.0/24:80"])).splitlines()[6].strip())
+    >>> print(ruleset(rules_of(["10.9.0.0/24:80"])).splitlines()[5].strip())
     ip daddr 10.9.0.0/24 tcp dport 80 accept
     """
     allow = "\n".join(

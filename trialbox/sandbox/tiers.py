@@ -173,6 +173,30 @@ async def _close(provider: Any) -> None:
         await close()
 
 
+def check_routable(tasks: Iterable[Task], offered: Mapping[str, str | None],
+                   policy: TierPolicy | None = None) -> None:
+    """Refuse, before anything runs, a task set holding a task whose risk maps (by
+    `policy`) to a tier not in `offered` — tier -> None when it serves, or the reason
+    it does not. The error names the first such task, as `TierRouter.provider_for` does.
+
+    >>> from trialbox.types import TaskKind
+    >>> check_routable([Task("t", TaskKind.STDIO, "p")], {"namespace": None})
+    """
+    policy = policy or TierPolicy()
+    serving = sorted(t for t, why in offered.items() if why is None)
+    for task in tasks:
+        tier = policy.tier_for(task.risk)
+        if offered.get(tier, "") is None:
+            continue
+        why = offered.get(tier) or "no provider of that tier was given"
+        raise SandboxUnavailable(
+            f"task {task.task_id!r} is {task.risk.value}, which the tier policy runs in the "
+            f"{tier} tier, and {tier} is not offered here: {why}. Run it where {tier} is "
+            f"offered, or map {task.risk.value} to a tier offered here "
+            f"({', '.join(serving) or 'none'}) with TierPolicy({task.risk.value}=...); "
+            "trialbox never runs it in a weaker tier")
+
+
 def with_risk(tasks: Iterable[Task], risk: Risk) -> list[Task]:
     """A task set declared at one risk level (e.g. an exploit catalogue: HOSTILE)."""
     if not isinstance(risk, Risk):

@@ -45,6 +45,14 @@ repo (our format; unknown keys are rejected):
     optional and only `["pytest"]` is supported (the judge runs pytest its own way).
     `canonical_solution` is a unified diff against the starting tree; it must apply.
 
+Any row may declare `"risk": "routine" | "untrusted" | "hostile"` (default routine):
+how dangerous its candidates are taken to be, which picks their isolation tier
+(`sandbox.tiers.TierPolicy`). A whole JSONL file may declare one with a first line
+
+    {"task_set": {"risk": "hostile"}}
+
+which every row takes; a row may raise its own risk above the set's, never lower it.
+
 Every problem with the input is a `UsageError` that names the file, the line and the
 field to fix. Nothing is downloaded: HumanEval ships inside the installed wheel.
 """
@@ -57,22 +65,24 @@ import json
 import math
 import zlib
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.store.checks import split_check
 from trialbox.store.patches import TreeError, apply_patch, clean_path
-from trialbox.types import Compare, Task, TaskKind, TestCase
+from trialbox.types import Compare, Risk, Task, TaskKind, TestCase
 
 HUMANEVAL = "humaneval"
 """The spec `load_tasks` reads as the bundled HumanEval set."""
 
 _STDIO_KEYS = {"task_id", "kind", "prompt", "tests", "compare", "float_tol", "checker",
-               "canonical_solution", "canary"}
+               "canonical_solution", "canary", "risk"}
 _STDIO_TEST_KEYS = {"stdin", "expected", "hidden"}
 _REPO_KEYS = {"task_id", "kind", "prompt", "files", "test_files", "hidden_test_files",
-              "test_command", "canonical_solution", "canary"}
+              "test_command", "canonical_solution", "canary", "risk"}
+_TASK_SET_KEYS = {"risk"}
 _MAX_TREE_BYTES = 64 << 20
 
 
@@ -177,6 +187,7 @@ def parse_jsonl(raw: bytes, name: str, source: str, base: Path) -> list[Task]:
     raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
     tasks: list[Task] = []
     first_line: dict[str, int] = {}
+    set_risk: Risk | None = None
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         where = f"{name}:{lineno}"
         try:
@@ -186,7 +197,12 @@ def parse_jsonl(raw: bytes, name: str, source: str, base: Path) -> list[Task]:
                              "save the file as UTF-8") from None
         if not text.strip():
             continue
-        task = parse_task(text, where, source, base)
+        if '"task_set"' in text:
+            header = _task_set(text, where, first=not first_line and set_risk is None)
+            if header is not None:
+                set_risk = header
+                continue
+        task = parse_task(text, where, source, base, set_risk=set_risk)
         if task.task_id in first_line:
             raise UsageError(f"{where}: field 'task_id': {task.task_id!r} already appears on "
                              f"line {first_line[task.task_id]}; task_ids must be unique")
@@ -232,8 +248,51 @@ def _gunzip(raw: bytes, name: str) -> bytes:
                          f"decompressed ({e}); recompress it or give it uncompressed") from None
 
 
+def _task_set(text: str, where: str, first: bool) -> Risk | None:
+    """A `{"task_set": {...}}` header line's risk, or None when the line is a task."""
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # parse_task reports it
+    if not isinstance(row, dict) or "task_set" not in row:
+        return None
+    if not first:
+        raise UsageError(f"{where}: a 'task_set' line must be the file's first line; move "
+                         "it to the top")
+    head = row["task_set"]
+    if set(row) != {"task_set"} or not isinstance(head, dict):
+        raise UsageError(f"{where}: a task set line is {{\"task_set\": {{\"risk\": ...}}}} "
+                         "and nothing else")
+    unknown = sorted(set(head) - _TASK_SET_KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown field {unknown[0]!r} in 'task_set'; allowed: "
+                         f"{', '.join(sorted(_TASK_SET_KEYS))}")
+    return _risk_value(head.get("risk", Risk.ROUTINE.value), f"{where}: task_set")
+
+
+def _risk_value(value: object, where: str) -> Risk:
+    try:
+        return Risk(value)
+    except ValueError:
+        raise UsageError(f"{where}: field 'risk': unknown risk {value!r}; use one of "
+                         f"{', '.join(r.value for r in Risk)}") from None
+
+
+def _risk(row: dict[str, Any], where: str, set_risk: Risk | None) -> Risk:
+    floor = set_risk or Risk.ROUTINE
+    if "risk" not in row:
+        return floor
+    risk = _risk_value(row["risk"], where)
+    levels = list(Risk)  # safest first
+    if levels.index(risk) < levels.index(floor):
+        raise UsageError(f"{where}: field 'risk': {risk.value!r} is below its task set's "
+                         f"{floor.value!r}; a task may raise the set's risk, never lower "
+                         f"it: drop the field or use {floor.value!r} or above")
+    return risk
+
+
 def parse_task(text: str | dict[str, Any], where: str = "task", source: str = "inline",
-               base: Path = Path(".")) -> Task:
+               base: Path = Path("."), set_risk: Risk | None = None) -> Task:
     """One task from a JSONL row (its text, or the decoded object), validated like a
     task file's rows: a `UsageError` that starts with `where` and names the field.
     `base` is where a repo row's relative file paths are read from.
@@ -257,11 +316,16 @@ def parse_task(text: str | dict[str, Any], where: str = "task", source: str = "i
     where = f"{where}: task {task_id!r}"
     kind = row.get("kind", TaskKind.FUNCTION.value)
     if kind == TaskKind.FUNCTION.value:
-        return _function_task(row, task_id, where, source)
-    if kind == TaskKind.STDIO.value:
-        return _stdio_task(row, task_id, where, source)
-    if kind == TaskKind.REPO.value:
-        return _repo_task(row, task_id, where, source, base)
+        task = _function_task(row, task_id, where, source)
+    elif kind == TaskKind.STDIO.value:
+        task = _stdio_task(row, task_id, where, source)
+    elif kind == TaskKind.REPO.value:
+        task = _repo_task(row, task_id, where, source, base)
+    else:
+        task = None
+    if task is not None:
+        risk = _risk(row, where, set_risk)
+        return task if risk is task.risk else replace(task, risk=risk)
     raise UsageError(f"{where}: field 'kind': unknown kind {kind!r}; use 'function', "
                      "'stdio' or 'repo'")
 
