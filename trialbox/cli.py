@@ -15,6 +15,7 @@
     trialbox bench scheduler --json            scheduler overhead at 10,000 simulated tasks
     trialbox bench service --clients 64 --seconds 60   the HTTP service under load vs a plain server
     trialbox bench telemetry                   instrumentation cost per sandbox run
+    trialbox bench fork --json                 snapshot + fork-8 latency vs copying the workspace
     trialbox bench train --json                GRPO episodes/s and tokens/s vs TRL's GRPOTrainer
     trialbox tasks status RUN | show TASK      a run's tasks from the scheduler's journal
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_train_parser(bsub)
     from trialbox.bench.telemetry import add_parser as add_bench_telemetry_parser
     add_bench_telemetry_parser(bsub)
+    from trialbox.bench.fork import add_parser as add_bench_fork_parser
+    add_bench_fork_parser(bsub)  # bench fork (its handler runs it)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade samples ({task_id, completion[, language]} "

@@ -561,3 +561,105 @@ def _member_parts(member: str, name: str) -> list[str]:
         raise UsageError(f"snapshot archive {name}: member {member!r} is outside "
                          f"{ARCHIVE_ROOT}/; it was not written by Snapshot.save")
     return parts[1:]
+
+
+# ------------------------------------------- one checked-out tree, many candidates
+
+def tree_changes(base: Mapping[str, bytes],
+                 tree: Mapping[str, bytes]) -> dict[str, bytes | None]:
+    """What turns the tree `base` into `tree`: changed and new files with their bytes,
+    removed ones as None (what a candidate's diff did to the checked-out tree)."""
+    changes: dict[str, bytes | None] = {p: d for p, d in tree.items() if base.get(p) != d}
+    changes.update({p: None for p in base if p not in tree})
+    return changes
+
+
+async def apply_changes(sb: NamespaceSandbox, changes: Mapping[str, bytes | None],
+                        under: str = "") -> int:
+    """Write `changes` (tree_changes) into a session under the workspace directory
+    `under`; None removes the file. Only these files are written: on a fork of a
+    checked-out tree, the rest is never copied. Returns the bytes written."""
+    written = 0
+    for path, data in sorted(changes.items()):
+        full = f"{under}/{path}" if under else path
+        if data is None:
+            sb._check_open()
+            parts = mounts._parts(full)
+            try:
+                dfd = mounts._open_dir_chain(sb.workspace, parts[:-1], False, sb.uid)
+            except FileNotFoundError:
+                continue
+            try:
+                os.unlink(parts[-1], dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError as e:
+                raise mounts.PathObstructed(f"{full!r} is a directory in the workspace; "
+                                            "a removal takes files only") from e
+            finally:
+                os.close(dfd)
+        else:
+            await sb.write_file(full, data)
+            written += len(data)
+    return written
+
+
+class TreeSnapshots:
+    """Snapshots of checked-out trees, one per distinct tree (by content hash), so N
+    candidates of one repository task run against one tree without copying it N times:
+
+        trees = TreeSnapshots(pool)
+        sb = await trees.open(task_files, under="repo", limits=limits)   # a fork
+        await apply_changes(sb, tree_changes(task_files, candidate_files), under="repo")
+
+    The first `open` of a tree writes it into a session and snapshots it; later ones
+    fork that snapshot (~1 ms, whatever the tree's size). `close()` releases them all
+    (open forks live on). At most `max_trees` are kept (least recently used first out)."""
+
+    def __init__(self, pool: CellPool, max_trees: int = 16):
+        if max_trees < 1:
+            raise UsageError("TreeSnapshots: max_trees must be >= 1")
+        self.pool, self.max_trees = pool, max_trees
+        self._snaps: dict[str, Snapshot] = {}
+        self._making: dict[str, asyncio.Lock] = {}
+        self.made = 0
+        """Trees written and snapshotted (the rest of the opens were forks)."""
+
+    @staticmethod
+    def key(files: Mapping[str, bytes], under: str) -> str:
+        h = hashlib.sha256(under.encode() + b"\0")
+        for path in sorted(files):
+            h.update(path.encode("utf-8", "surrogateescape") + b"\0")
+            h.update(hashlib.sha256(files[path]).digest())
+        return h.hexdigest()
+
+    async def snapshot(self, files: Mapping[str, bytes], under: str = "",
+                       limits: Limits | None = None) -> Snapshot:
+        """The snapshot of this tree (made at the first call)."""
+        key = self.key(files, under)
+        async with self._making.setdefault(key, asyncio.Lock()):
+            snap = self._snaps.pop(key, None)
+            if snap is None:
+                async with await self.pool.open(limits) as sb:
+                    for path, data in sorted(files.items()):
+                        await sb.write_file(f"{under}/{path}" if under else path, data)
+                    snap = await sb.snapshot()
+                self.made += 1
+            self._snaps[key] = snap  # most recently used last
+            while len(self._snaps) > self.max_trees:
+                old = next(iter(self._snaps))
+                await self._snaps.pop(old).close()
+                self._making.pop(old, None)
+            return snap
+
+    async def open(self, files: Mapping[str, bytes], under: str = "",
+                   limits: Limits | None = None) -> NamespaceSandbox:
+        """A new session holding this tree under `under` (a fork of its snapshot)."""
+        snap = await self.snapshot(files, under, limits)
+        return await snap.open(limits)
+
+    async def close(self) -> None:
+        for snap in self._snaps.values():
+            await snap.close()
+        self._snaps.clear()
+        self._making.clear()
