@@ -249,3 +249,45 @@ def test_the_namespace_tier_has_the_optional_capability(snap_runner):
             async with await sb.snapshot() as snap:
                 assert isinstance(snap, SessionSnapshot) and snap.tier == sb.tier
     snap_runner.run(body())
+
+
+KILLED_SUPERVISOR = r"""
+import asyncio, os, sys
+from trialbox.sandbox import CellPool, PoolConfig
+from trialbox.types import Limits
+
+async def main():
+    pool = await CellPool(PoolConfig(warm=1, native="off", state_dir=sys.argv[1])).start()
+    sb = await pool.open(Limits(wall_s=5, disk_mb=16))
+    await sb.write_file("a", b"a")
+    forks = await sb.fork(2)
+    r = await forks[0].exec(["cat", "a"])
+    assert r.stdout == b"a", r
+    print(pool.id, flush=True)
+    os.kill(os.getpid(), 9)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_supervisor_leaves_nothing_a_new_pool_does_not_reap(tmp_path):
+    """Layers and uppers are fds: the kernel frees them with the process. The sessions'
+    overlays are session mounts under the pool's state dir, reaped by the next pool."""
+    import subprocess
+    import sys
+
+    state = str(tmp_path / "state")
+    proc = subprocess.run([sys.executable, "-c", KILLED_SUPERVISOR, state],
+                          capture_output=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    dead = proc.stdout.decode().strip()
+    left = mounts_under(os.path.join(state, dead))
+    assert len(left) >= 3, left  # the parent's and the two forks' overlays, at least
+    runner = Runner(PoolConfig(warm=1, native="off", state_dir=state))
+    try:
+        assert runner.pool.reaped["mounts"] >= 3, runner.pool.reaped
+        assert not mounts_under(os.path.join(state, dead))
+        assert not os.path.exists(os.path.join(state, dead))
+    finally:
+        runner.close()
