@@ -20,7 +20,7 @@ from trialbox.sandbox.mounts import WorkspaceFull, mounts_under
 from trialbox.types import ExecStatus, Limits
 from tests.conftest import Runner
 
-LIM = Limits(wall_s=5, cpu_s=5, memory_mb=256, disk_mb=32, output_bytes=1 << 16)
+LIM = Limits(wall_s=30, cpu_s=30, memory_mb=256, disk_mb=32, output_bytes=1 << 16)
 PY = "python3"
 
 
@@ -221,7 +221,7 @@ def test_nothing_is_left_after_close_or_after_a_killed_session(snap_runner):
         assert overlays_of(snap_runner)  # the forks and the parent stand on overlays
         # kill one fork's whole cell in the middle of a run
         victim = forks[1]
-        run = asyncio.ensure_future(victim.exec([PY, "-c", "import time; time.sleep(30)"]))
+        run = asyncio.ensure_future(victim.exec([PY, "-c", "import time; time.sleep(300)"]))
         await asyncio.sleep(0.3)
         assert victim.cell is not None and not run.done()
         pool.cgroups.kill_all(victim.cell.rel)  # every process of the cell, its init too

@@ -18,7 +18,7 @@ from trialbox.schedule.lease import DirectLeaser
 from trialbox.types import ExecStatus, Limits, Task, TaskKind, TestCase
 from tests.conftest import Runner
 
-LIM = Limits(wall_s=10, cpu_s=10, memory_mb=256, disk_mb=32, output_bytes=1 << 16)
+LIM = Limits(wall_s=30, cpu_s=30, memory_mb=256, disk_mb=32, output_bytes=1 << 16)
 
 
 @pytest.fixture(scope="module")
