@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--resume", action="store_true",
                    help="finish the run NAME of --db: attempts already graded are read "
                    "back from the journal, not graded again (same inputs required)")
+    from trialbox.cluster.cli import add_backend_arguments
+    add_backend_arguments(e)
 
     a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
     asub = a.add_subparsers(dest="audit", required=True)
@@ -278,6 +280,10 @@ async def _eval(args: argparse.Namespace) -> int:
     stdio = StdioJudgeConfig(time_scale=args.time_scale) if args.time_scale else None
     spec = (RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1,
                        binary=False) if args.reward == "weighted" else None)
+    if args.backend == "ray":  # the same journaled scheduler, attempts graded on nodes
+        from trialbox.cluster.cli import eval_on_ray
+        rows, summary = await eval_on_ray(args, tasks, samples, config, stdio, spec)
+        return _write_rows(args.out, rows, summary)
     journal = None
     if args.db:  # checked against the run before any sandbox starts or row is written
         from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
@@ -307,14 +313,18 @@ async def _eval(args: argparse.Namespace) -> int:
         await pool.close()
         if journal is not None:
             journal.close()
-    tmp = f"{args.out}.tmp{os.getpid()}"
+    return _write_rows(args.out, rows, summary)
+
+
+def _write_rows(path: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:
+    tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w") as out:
             for row in rows:
                 out.write(json.dumps(row) + "\n")
-        os.replace(tmp, args.out)
+        os.replace(tmp, path)
     except OSError as e:
-        raise UsageError(f"cannot write --out {args.out}: {e.strerror}") from e
+        raise UsageError(f"cannot write --out {path}: {e.strerror}") from e
     print(json.dumps(summary))
     return 0
 

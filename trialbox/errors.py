@@ -10,6 +10,9 @@
     │   ├── service.errors.FieldError              a request field is unusable (names it)
     │   ├── store.harbor.HarborError  a Harbor task directory is malformed (names the
     │   │                   file and the field)
+    │   ├── cluster.placement.TierUnavailable      no cluster node offers the tier asked for
+    │   ├── cluster.backend.ClusterUnreachable     no Ray cluster (or too few nodes) at --address
+    │   ├── cluster.backend.VersionMismatch        a node runs other Python/Ray/trialbox code
     │   ├── sandbox.mounts.PathObstructed  a workspace path is in the way (a directory
     │   │                   where a file goes): in a session, the candidate's doing, so
     │   │                   run_code and the agent turn it into its outcome
@@ -22,6 +25,8 @@
     │   ├── SandboxStartError   a sandbox could not be started or set up
     │   ├── ZygoteDied          the warm fork server died
     │   ├── store.journal.JournalError  the journal cannot be written or read
+    │   ├── cluster.placement.NodeLost  the node running the work died or was cut off:
+    │   │                   retried elsewhere; its late answer is discarded
     │   └── train.pipeline.StalenessError  a batch past the staleness bound reached the
     │                       trainer: our producer broke its own rule
     └── Unavailable           the work cannot be taken *now* (capacity, a deadline): try

@@ -1,0 +1,98 @@
+"""The placer's rules on their own (no Ray): spread, tiers, waiting past capacity by
+priority, session affinity, fencing of a lost node's leases, draining."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trialbox.cluster.placement import NodeInfo, NodeLost, Placer, TierUnavailable
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_spread_and_tier() -> None:
+    async def body() -> None:
+        p = Placer()
+        p.add(NodeInfo("a", 2, ("fake",)))
+        p.add(NodeInfo("b", 2, ("fake", "namespace")))
+        leases = [await p.acquire("fake") for _ in range(4)]
+        assert sorted(x.node for x in leases) == ["a", "a", "b", "b"]
+        for x in leases:
+            assert p.release(x)
+        ns = [await p.acquire("namespace") for _ in range(2)]
+        assert {x.node for x in ns} == {"b"}
+        with pytest.raises(TierUnavailable, match="'gvisor'.*offered: fake, namespace"):
+            p.check_tier("gvisor")
+    run(body())
+
+
+def test_waits_past_capacity_by_priority() -> None:
+    async def body() -> None:
+        p = Placer()
+        p.add(NodeInfo("a", 1, ("fake",)))
+        first = await p.acquire("fake")
+        low = asyncio.ensure_future(p.acquire("fake", priority=2))
+        high = asyncio.ensure_future(p.acquire("fake", priority=0))
+        await asyncio.sleep(0)
+        assert not low.done() and not high.done() and p.waiting() == 2
+        p.release(first)
+        await asyncio.sleep(0)
+        assert high.done() and not low.done()
+        p.release(high.result())
+        await asyncio.sleep(0)
+        assert low.done()
+    run(body())
+
+
+def test_session_affinity_and_lost_node_fencing() -> None:
+    async def body() -> None:
+        p = Placer()
+        p.add(NodeInfo("a", 4, ("fake",)))
+        p.add(NodeInfo("b", 4, ("fake",)))
+        s1 = await p.acquire("fake", session="ep1")
+        p.release(s1)
+        for _ in range(5):  # other work moves the load around; the episode stays
+            await p.acquire("fake")
+        again = await p.acquire("fake", session="ep1")
+        assert again.node == s1.node
+        again.lost = asyncio.get_running_loop().create_future()
+        fenced = p.lose(s1.node, "test")
+        assert again in fenced and again.fenced
+        with pytest.raises(NodeLost):
+            again.lost.result()
+        assert p.release(again) is False  # a late answer: discarded
+        assert p.stats.late_discarded == 1
+        with pytest.raises(NodeLost, match="ep1"):
+            await p.acquire("fake", session="ep1")
+        other = await p.acquire("fake")
+        assert other.node != s1.node  # never placed on the lost node again
+    run(body())
+
+
+def test_drain_takes_no_new_work_and_resolves_when_idle() -> None:
+    async def body() -> None:
+        p = Placer()
+        p.add(NodeInfo("a", 2, ("fake",)))
+        p.add(NodeInfo("b", 2, ("fake",)))
+        x = await p.acquire("fake")
+        idle = p.drain(x.node)
+        assert not idle.is_set()
+        for _ in range(2):
+            assert (await p.acquire("fake")).node != x.node
+        p.release(x)
+        assert idle.is_set()
+    run(body())
+
+
+def test_core_and_the_cli_import_no_ray() -> None:
+    """Ray is an optional extra: only `--backend ray` (cluster/backend.py) imports it."""
+    import subprocess
+    import sys
+    code = ("import sys, trialbox.cli, trialbox.cluster.cli, trialbox.cluster.node, "
+            "trialbox.cluster.placement; trialbox.cli.build_parser(); "
+            "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

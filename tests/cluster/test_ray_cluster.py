@@ -1,0 +1,350 @@
+"""The cluster backend on a real multi-node Ray cluster on this machine (Ray's own
+`cluster_utils.Cluster`: one GCS, several raylets with distinct resources). One cluster
+serves the module (starting Ray is slow on two cores); tests that kill, drain or freeze a
+node use a node of their own.
+
+Every scheduler run here journals on the driver; `check_journal` proves each task has
+exactly one result and every move was legal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ray = pytest.importorskip("ray")  # the dev extra installs it; `pip install trialbox[ray]`
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from tests.schedule.journal_checks import check_journal  # noqa: E402
+from trialbox.cluster.backend import (  # noqa: E402
+    ClusterConfig,
+    ClusterUnreachable,
+    RayBackend,
+    VersionMismatch,
+)
+from trialbox.cluster.node import FakeWorkload  # noqa: E402
+from trialbox.cluster.placement import TierUnavailable  # noqa: E402
+from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskSpec  # noqa: E402
+from trialbox.store.journal import Journal  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def node_resources(slots: int, *tiers: str) -> dict[str, float]:
+    return {"trialbox_node": 1, "trialbox_slots": slots,
+            **{f"trialbox_tier_{t}": 1 for t in tiers}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False})
+    c.trialbox_nodes = {  # type: ignore[attr-defined]
+        "a": c.add_node(num_cpus=1, resources=node_resources(2, "fake")),
+        "b": c.add_node(num_cpus=1, resources=node_resources(2, "fake", "namespace")),
+    }
+    # Ray puts the driver's working directory first on its workers' sys.path; from
+    # anywhere but a checkout, nodes import the trialbox they have installed.
+    here = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("driver"))
+    try:
+        ray.init(address=c.address, namespace="trialbox", log_to_driver=False,
+                 configure_logging=False)
+    finally:
+        os.chdir(here)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def nid(node: Any) -> str:
+    return str(node.node_id)
+
+
+def config(cluster: Cluster, **kw: Any) -> ClusterConfig:
+    kw.setdefault("poll_s", 0.2)
+    kw.setdefault("heartbeat_s", 0.2)
+    kw.setdefault("dead_after_s", 5.0)
+    return ClusterConfig(address=cluster.address, **kw)
+
+
+async def run_tasks(backend: RayBackend, db: str, n: int, *, tier: str = "fake",
+                    during: Callable[[], Awaitable[None]] | None = None,
+                    max_active: int = 16) -> tuple[dict[str, Any], dict[str, Any]]:
+    """n scheduler tasks, each one piece of FakeWorkload work on the cluster; returns
+    check_journal's {task: (state, reward)} and {task: the answer of its final attempt}
+    (the grade journaled by the attempt that finished it)."""
+    journal = Journal(db)
+
+    async def job(ctx: Any) -> float | None:
+        await ctx.grading()
+        out = await backend.run("w", ctx.task_id, tier=tier)
+        await ctx.record_grade(out)
+        return 1.0
+
+    sc = SchedulerConfig(max_active=max_active, preempt=False, max_retries=5,
+                         backoff_s=0.05, backoff_max_s=0.2)
+    try:
+        async with Scheduler(journal, "r", job, sc) as s:
+            await s.submit([TaskSpec(f"t{i}") for i in range(n)])
+            if during is not None:
+                await during()
+            await s.drain()
+        finished = journal.results_of("r")
+        grades = journal.grades_of("r")
+        answers = {t: grades[(t, finished[t][1])] for t in finished}
+    finally:
+        journal.close()
+    return check_journal(db, "r", {f"t{i}" for i in range(n)}), answers
+
+
+def transitions(db: str, cause: str) -> list[tuple[str, str]]:
+    import sqlite3
+    c = sqlite3.connect(db)
+    try:
+        return list(c.execute("SELECT task_id, message FROM transitions WHERE cause=?",
+                              (cause,)))
+    finally:
+        c.close()
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_input_is_refused_and_nothing_is_left_started(cluster: Cluster,
+                                                          tmp_path: Path) -> None:
+    async def body() -> None:
+        t0 = time.monotonic()
+        with pytest.raises(ClusterUnreachable, match="no Ray cluster at --address "
+                           "127.0.0.1:1.*ray start --head"):
+            await RayBackend(ClusterConfig(address="127.0.0.1:1")).start()
+        assert time.monotonic() - t0 < 10
+
+        free = ray.available_resources().get("trialbox_node", 0)
+        async with RayBackend(config(cluster, min_nodes=2)) as b:
+            with pytest.raises(TierUnavailable, match="'gvisor'.*offered: fake, namespace"):
+                b.check_tier("gvisor")
+        # a trialbox on the nodes that differs from the driver's by one line
+        other = tmp_path / "other"
+        shutil.copytree(ROOT / "trialbox", other / "trialbox",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        init = other / "trialbox" / "__init__.py"
+        init.write_text(init.read_text() + "\n# another build\n")
+        env = {"env_vars": {"PYTHONPATH": str(other)}}  # what the nodes import
+        with pytest.raises(VersionMismatch, match=r"runs other software than the driver: "
+                           r"code \w+ \(driver: \w+\).*trialbox there is at "):
+            await RayBackend(config(cluster, min_nodes=2, node_runtime_env=env)).start()
+        # the refused node actors were killed: their trialbox_node resource is free again
+        for _ in range(50):
+            if ray.available_resources().get("trialbox_node", 0) == free:
+                break
+            await asyncio.sleep(0.1)
+        assert ray.available_resources().get("trialbox_node", 0) == free == 2
+    asyncio.run(body())
+
+
+def test_eval_with_a_tier_no_node_offers_touches_no_journal(cluster: Cluster,
+                                                            tmp_path: Path) -> None:
+    from trialbox.cluster.evaljob import eval_on_cluster
+    from trialbox.store.tasks import index, load_humaneval
+    tasks = index(load_humaneval()[:1])
+    sample = {"task_id": "HumanEval/0", "completion": "    return False\n"}
+    db = tmp_path / "j.db"
+    with pytest.raises(TierUnavailable, match="'gvisor'"):
+        asyncio.run(eval_on_cluster(
+            tasks, [sample], cluster=config(cluster, min_nodes=2), tier="gvisor",
+            workers=2, repeat=1, db=str(db), run="eval", resume=False,
+            samples_bytes=b"", reward="binary", time_scale=None, amplified=None,
+            config=None, stdio_config=None, reward_spec=None))
+    assert not db.exists()
+
+
+# ---------------------------------------------------------------------- placement
+def test_spread_tier_and_session_affinity(cluster: Cluster, tmp_path: Path) -> None:
+    a, b = (nid(n) for n in cluster.trialbox_nodes.values())  # type: ignore[attr-defined]
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=2)) as be:
+            await be.load("w", FakeWorkload(seconds=0.2))
+            results, answers = await run_tasks(be, str(tmp_path / "spread.db"), 12)
+            assert all(s == "done" for s, _ in results.values())
+            on = [answers[t]["node"] for t in answers]
+            assert on.count(a) >= 3 and on.count(b) >= 3, on  # both nodes took work
+
+            # namespace-tier work: only b offers it (a real sandbox runs the payload)
+            await be.load("ns", FakeWorkload(tier="namespace"))
+            outs = await asyncio.gather(*(be.run("ns", i, tier="namespace")
+                                          for i in range(6)))
+            assert {o["node"] for o in outs} == {b}
+
+            # a 3-turn episode stays on its node: its session's files accumulate
+            turns = [await be.run("w", f"turn {i}", tier="fake", session="ep1")
+                     for i in range(3)]
+            assert len({t["node"] for t in turns}) == 1
+            assert turns[-1]["files"] == ["turn0", "turn1", "turn2"]
+            await be.end_session("ep1")
+        for node, report in be.close_reports.items():
+            assert report["leaks"] == {"cgroups": [], "state": [], "processes": []}, node
+        assert be.close_reports[b]["runs"] >= 6
+    asyncio.run(body())
+
+
+# ---------------------------------------------------------------------- elasticity
+def test_drained_node_finishes_its_work_and_leaves(cluster: Cluster,
+                                                  tmp_path: Path) -> None:
+    d = cluster.add_node(num_cpus=1, resources=node_resources(2, "fake"))
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=3)) as be:
+            await be.load("w", FakeWorkload(seconds=0.4))
+            report: dict[str, Any] = {}
+            drained_at = [0.0]
+
+            async def drain() -> None:
+                while be.placer.load().get(nid(d), 0) == 0:
+                    await asyncio.sleep(0.02)
+                drained_at[0] = time.time()
+                report.update(await be.drain(nid(d)))
+
+            db = str(tmp_path / "drain.db")
+            results, answers = await run_tasks(be, db, 24, during=drain)
+            assert all(s == "done" for s, _ in results.values())
+            on_d = [x for x in answers.values() if x["node"] == nid(d)]
+            assert on_d and all(x["started"] < drained_at[0] for x in on_d)
+            assert not transitions(db, "infra")  # nothing of d's was retried
+            assert report["runs"] == len(on_d)
+            assert report["leaks"] == {"cgroups": [], "state": [], "processes": []}
+            assert nid(d) not in be.members and nid(d) not in be.placer.nodes
+    asyncio.run(body())
+    cluster.remove_node(d)  # the machine goes; nothing of the run depended on it
+
+
+def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
+        cluster: Cluster, tmp_path: Path) -> None:
+    k = cluster.add_node(num_cpus=1, resources=node_resources(2, "fake", "namespace"))
+    joined: list[Any] = []
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=3)) as be:
+            await be.load("w", FakeWorkload(tier="namespace", seconds=0.5))
+            killed_at = [0.0]
+
+            async def chaos() -> None:
+                while be.placer.load().get(nid(k), 0) < 2:  # both its slots busy
+                    await asyncio.sleep(0.02)
+                killed_at[0] = time.time()
+                cluster.remove_node(k, allow_graceful=False)  # raylet and workers die
+                # (in the main thread, as Ray wants; the driver's loop stalls meanwhile)
+                joined.append(cluster.add_node(num_cpus=1,
+                                               resources=node_resources(2, "namespace")))
+
+            db = str(tmp_path / "kill.db")
+            results, answers = await run_tasks(be, db, 30, tier="namespace",
+                                               during=chaos)
+            assert all(s == "done" for s, _ in results.values())
+            # every task exactly once (check_journal); the work the dead node held was
+            # retried with a NodeLost cause and finished by another node
+            lost = transitions(db, "infra")
+            assert len(lost) >= 2 and all("lost" in m or "died" in m for _, m in lost), lost
+            assert all(answers[t]["node"] != nid(k) for t, _ in lost)
+            assert all(x["node"] != nid(k) or x["started"] < killed_at[0]
+                       for x in answers.values())
+            assert be.placer.stats.nodes_lost == 1 and be.placer.stats.fenced >= 2
+            # the node added mid-run received work without a restart
+            assert any(x["node"] == nid(joined[0]) for x in answers.values())
+        for node, rep in be.close_reports.items():
+            assert rep["leaks"] == {"cgroups": [], "state": [], "processes": []}, node
+    asyncio.run(body())
+    cluster.remove_node(joined[0])
+    # the dead node's pool left cells behind it; the next pool on this host reaps them
+    from trialbox.sandbox.cgroups import CgroupDriver
+    from trialbox.sandbox.pool import PoolConfig, reap_orphans
+    reap_orphans(PoolConfig().state_dir, CgroupDriver.detect())
+    dead = [d for top in CgroupDriver.detect().dirs("trialbox") if os.path.isdir(top)
+            for d in os.listdir(top)]
+    assert not [x for x in dead if not _alive_owner(x)], dead
+
+
+def _alive_owner(name: str) -> bool:
+    from trialbox.sandbox.pool import _owner_alive
+    return _owner_alive(name)
+
+
+def test_cut_off_node_is_fenced_and_its_late_answers_discarded(
+        cluster: Cluster, tmp_path: Path) -> None:
+    f = cluster.add_node(num_cpus=1, resources=node_resources(2, "fake"))
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=3, dead_after_s=1.5)) as be:
+            await be.load("w", FakeWorkload(seconds=0.5))
+            pid = be.members[nid(f)].info["pid"]
+            frozen_at = [0.0]
+
+            async def freeze() -> None:
+                while be.placer.load().get(nid(f), 0) < 2:
+                    await asyncio.sleep(0.02)
+                frozen_at[0] = time.time()
+                os.kill(pid, signal.SIGSTOP)  # the host stops answering, work and all
+                while nid(f) in be.members:
+                    await asyncio.sleep(0.05)
+                os.kill(pid, signal.SIGCONT)  # ...and comes back with its answers
+
+            db = str(tmp_path / "cut.db")
+            results, answers = await run_tasks(be, db, 24, during=freeze)
+            for _ in range(100):
+                if be.placer.stats.late_discarded >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert be.placer.stats.late_discarded >= 2  # they arrived, and were dropped
+            assert all(s == "done" for s, _ in results.values())
+            assert all(x["node"] != nid(f) or x["started"] < frozen_at[0]
+                       for x in answers.values())
+            fenced = {t for t, _ in transitions(db, "infra")}
+            assert len(fenced) >= 2
+            for t in fenced:  # finished by another node
+                assert answers[t]["node"] != nid(f)
+            # the frozen node ran them to the end: the late answers existed
+            ran = await be._zombies[0].lease_ids.remote()
+            assert len(ran) >= 2
+    asyncio.run(body())
+    cluster.remove_node(f)
+
+
+# ---------------------------------------------------------------------- HumanEval
+def test_humaneval_through_ray_same_verdicts_as_local(cluster: Cluster,
+                                                      tmp_path: Path) -> None:
+    from trialbox.bench.humaneval_mix import EXPLOITS, exploit_completion
+    from trialbox.store.tasks import load_humaneval
+    tasks = load_humaneval()[:8]
+    samples = [{"task_id": t.task_id, "completion": t.canonical_solution} for t in tasks]
+    samples += [{"task_id": t.task_id, "completion": exploit_completion(name, t)}
+                for t, name in zip(tasks, EXPLOITS, strict=False)]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+
+    def eval_cli(*extra: str) -> list[dict[str, Any]]:
+        out = tmp_path / f"out{len(extra)}.jsonl"
+        p = subprocess.run([sys.executable, "-m", "trialbox.cli", "eval", "--tasks",
+                            "humaneval", "--samples", str(path), "--out", str(out),
+                            "--workers", "2", *extra], cwd=ROOT, capture_output=True,
+                           text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 0, p.stderr[-3000:]
+        return [json.loads(x) for x in out.read_text().splitlines()]
+
+    ray_rows = eval_cli("--backend", "ray", "--address", cluster.address)
+    local = eval_cli()
+    verdict = [(r["task_id"], r["outcome"], r["passed"], r["reward"]) for r in local]
+    assert [(r["task_id"], r["outcome"], r["passed"], r["reward"])
+            for r in ray_rows] == verdict
+    assert sum(r["passed"] for r in local) == 8  # canonical pass, exploits do not

@@ -1,0 +1,51 @@
+"""The `--backend local|ray` options of the commands that can run on a cluster, and the
+eval entry point. Imports Ray only when `--backend ray` is chosen."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trialbox.errors import UsageError
+from trialbox.judge.function import JudgeConfig
+from trialbox.judge.reward import RewardSpec
+from trialbox.judge.stdio import StdioJudgeConfig
+from trialbox.types import Task
+
+
+def add_backend_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: this machine (default); ray: the same scheduler and "
+                   "journal here, each attempt graded on a node of a Ray cluster "
+                   "(pip install trialbox[ray]; docs/cluster.md)")
+    p.add_argument("--address", default="auto", metavar="auto|HOST:PORT",
+                   help="--backend ray: the cluster's head (default auto: the cluster "
+                   "`ray start` made on this machine)")
+    p.add_argument("--tier", default="namespace",
+                   help="--backend ray: the sandbox tier the nodes grade on (default "
+                   "namespace; a node offers it with its trialbox_tier_<name> resource)")
+
+
+def _ray_or_explain() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError as e:
+        raise UsageError("--backend ray needs Ray: pip install 'trialbox[ray]' (on the "
+                         "driver and on every node)") from e
+
+
+async def eval_on_ray(args: argparse.Namespace, tasks: dict[str, Task],
+                      samples: list[dict[str, Any] | str], config: JudgeConfig | None,
+                      stdio: StdioJudgeConfig | None, spec: RewardSpec | None,
+                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    _ray_or_explain()
+    from trialbox.cluster.backend import ClusterConfig
+    from trialbox.cluster.evaljob import eval_on_cluster
+    with open(args.samples, "rb") as f:
+        raw = f.read()
+    return await eval_on_cluster(
+        tasks, samples, cluster=ClusterConfig(address=args.address), tier=args.tier,
+        workers=args.workers, repeat=args.repeat, db=args.db, run=args.run,
+        resume=args.resume, samples_bytes=raw, reward=args.reward,
+        time_scale=args.time_scale, amplified=args.amplified, config=config,
+        stdio_config=stdio, reward_spec=spec)

@@ -1,0 +1,303 @@
+"""What runs on each machine: one `Node` per host (a Ray actor, made one by
+`backend.py`), owning that host's sandbox providers — one per tier it offers — and the
+workloads the driver loaded onto it. A piece of work (a judging: the candidate's sandbox
+and the trusted harness) runs whole on the node, so a node grades, not just executes.
+
+A *workload* is a small picklable object the driver sends once per run:
+
+    class Workload(Protocol):
+        async def start(self, node: NodeContext) -> None: ...       # on the node
+        async def run(self, payload, session: dict | None) -> Any: ...
+        async def close(self) -> None: ...
+
+`EvalWorkload` grades eval attempts (`judge.evaluate.Evaluator` on the node's pool);
+`FakeWorkload` (tests, the scale bench) opens `FakeSandbox` sessions and sleeps.
+
+Nothing here imports Ray: the class is plain Python; `backend.py` wraps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from trialbox.errors import UsageError
+from trialbox.judge.evaluate import Evaluator, Reference
+from trialbox.judge.function import JudgeConfig, judge_pool_config
+from trialbox.judge.stdio import StdioJudgeConfig
+from trialbox.judge.reward import RewardSpec
+from trialbox.sandbox.base import SandboxProvider
+from trialbox.sandbox.fake import FakeProvider
+from trialbox.types import Grade, Task
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TIERS = ("namespace", "fake")
+"""Tiers a node can offer today (the names of its `trialbox_tier_<name>` resources)."""
+
+
+def code_fingerprint(package: str = PACKAGE) -> str:
+    """SHA-256 over the trialbox package's Python sources: driver and nodes must run the
+    same code (a version string can stay equal while the code differs)."""
+    h = hashlib.sha256()
+    for root, dirs, files in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith((".py", ".c")):
+                path = os.path.join(root, name)
+                h.update(os.path.relpath(path, package).encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One node's offer, read from its Ray resources by the driver."""
+
+    node_id: str
+    slots: int
+    """Sandbox sessions in flight at once (`trialbox_slots`)."""
+    tiers: tuple[str, ...]
+    """Tiers offered (`trialbox_tier_<name>`)."""
+    warm: int = 2
+    """Warm cells per namespace pool."""
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tiers if t not in TIERS]
+        if unknown:
+            raise UsageError(f"node {self.node_id}: unknown tier(s) {unknown}; a node "
+                             f"offers some of {list(TIERS)} (trialbox_tier_<name>)")
+        if self.slots < 1:
+            raise UsageError(f"node {self.node_id}: trialbox_slots must be >= 1")
+
+
+@dataclass
+class NodeContext:
+    """What a workload sees of its node."""
+
+    config: NodeConfig
+    providers: dict[str, SandboxProvider]
+
+
+class Workload(Protocol):
+    tier: str
+    """The sandbox tier it runs on: loaded only on nodes offering it."""
+
+    async def start(self, node: NodeContext) -> None: ...
+
+    async def run(self, payload: Any, session: dict[str, Any] | None) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class NodeStats:
+    runs: int = 0
+    inflight: int = 0
+    lease_ids: list[int] = field(default_factory=list)
+    """Every lease this node ran to the end (what the driver may or may not accept)."""
+
+
+class Node:
+    """The body of a node actor. `start` opens the providers and returns what the driver
+    checks (versions, code fingerprint); `run` does one piece of work of a loaded
+    workload; `close` ends everything and reports leaks."""
+
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.providers: dict[str, SandboxProvider] = {}
+        self.workloads: dict[str, Workload] = {}
+        self.sessions: dict[str, dict[str, Any]] = {}
+        self.stats = NodeStats()
+        self._pools: list[Any] = []
+
+    async def start(self) -> dict[str, Any]:
+        for tier in self.config.tiers:
+            if tier == "namespace":
+                from trialbox.sandbox.pool import CellPool
+                pool = await CellPool(judge_pool_config(warm=self.config.warm)).start()
+                self._pools.append(pool)
+                self.providers[tier] = pool
+            else:
+                self.providers[tier] = FakeProvider()
+        return self.info()
+
+    def info(self) -> dict[str, Any]:
+        import importlib.metadata as md
+        try:
+            ray_version = md.version("ray")
+        except md.PackageNotFoundError:
+            ray_version = None
+        return {"node_id": self.config.node_id, "pid": os.getpid(),
+                "python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
+                "code": code_fingerprint(), "package": PACKAGE,
+                "tiers": list(self.config.tiers), "slots": self.config.slots,
+                "pools": [p.id for p in self._pools]}
+
+    async def ping(self) -> float:
+        return time.time()
+
+    async def load(self, name: str, workload: Workload) -> None:
+        if name in self.workloads or workload.tier not in self.providers:
+            return  # placement sends its work only to nodes offering its tier
+        await workload.start(NodeContext(self.config, self.providers))
+        self.workloads[name] = workload
+
+    async def run(self, lease_id: int, name: str, payload: Any,
+                  session: str | None = None) -> Any:
+        workload = self.workloads.get(name)
+        if workload is None:
+            raise UsageError(f"workload {name!r} is not loaded on node "
+                             f"{self.config.node_id}")
+        state = None
+        if session is not None:
+            state = self.sessions.setdefault(session, {})
+        self.stats.inflight += 1
+        try:
+            out = await workload.run(payload, state)
+        finally:
+            self.stats.inflight -= 1
+        self.stats.runs += 1
+        self.stats.lease_ids.append(lease_id)
+        return out
+
+    async def end_session(self, session: str) -> None:
+        state = self.sessions.pop(session, None)
+        sb = (state or {}).get("sandbox")
+        if sb is not None:
+            await sb.close()
+
+    def lease_ids(self) -> list[int]:
+        return list(self.stats.lease_ids)
+
+    async def close(self) -> dict[str, Any]:
+        """End sessions, workloads and pools; report what is left on the host of this
+        node's pools (nothing, if all is well)."""
+        for s in list(self.sessions):
+            await self.end_session(s)
+        for w in self.workloads.values():
+            await w.close()
+        self.workloads.clear()
+        ids = [p.id for p in self._pools]
+        for p in self._pools:
+            await p.close()
+        self._pools.clear()
+        return {"runs": self.stats.runs, "leaks": await asyncio.to_thread(leaks_of, ids)}
+
+
+def leaks_of(pool_ids: list[str]) -> dict[str, list[str]]:
+    """Cgroups, session directories and processes still on this host for these pools
+    (pool ids name their cgroups and state dirs, `sandbox/pool.py`)."""
+    from trialbox.sandbox.cgroups import CgroupDriver
+    from trialbox.sandbox.pool import PoolConfig
+    found: dict[str, list[str]] = {"cgroups": [], "state": [], "processes": []}
+    if not pool_ids:
+        return found
+    try:
+        driver = CgroupDriver.detect()
+        tops = list(driver.dirs("trialbox"))
+    except Exception:
+        tops = []
+    for top in tops:
+        for pid in pool_ids:
+            d = os.path.join(top, pid)
+            if os.path.isdir(d):
+                found["cgroups"].append(d)
+    state = PoolConfig().state_dir
+    for pid in pool_ids:
+        d = os.path.join(state, pid)
+        if os.path.exists(d):
+            found["state"].append(d)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cgroup") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if any(f"trialbox/{p}" in text for p in pool_ids):
+            found["processes"].append(name)
+    return found
+
+
+# ---------------------------------------------------------------------- workloads
+@dataclass
+class EvalWorkload:
+    """Grades eval attempts on the node: an `Evaluator` over the node's pool of `tier`,
+    with the node's slots as its workers (harness sessions). The payload is the sample;
+    the answer `(Grade, Reference)`."""
+
+    tasks: dict[str, Task]
+    tier: str = "namespace"
+    config: JudgeConfig | None = None
+    stdio_config: StdioJudgeConfig | None = None
+    reward_spec: RewardSpec | None = None
+    _ev: Evaluator | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        provider = node.providers.get(self.tier)
+        if provider is None:
+            raise UsageError(f"node {node.config.node_id} does not offer tier {self.tier!r}")
+        self._ev = Evaluator(self.tasks, provider,  # type: ignore[arg-type]
+                             workers=node.config.slots, config=self.config,
+                             stdio_config=self.stdio_config, reward_spec=self.reward_spec)
+        await self._ev.start(node.config.slots)
+
+    async def run(self, payload: Any, session: dict[str, Any] | None) -> tuple[Grade,
+                                                                               Reference]:
+        assert self._ev is not None
+        return await self._ev.attempt(payload)
+
+    async def close(self) -> None:
+        if self._ev is not None:
+            await self._ev.close()
+
+
+@dataclass
+class FakeWorkload:
+    """Fake sandboxes (no isolation): opens a session, writes the payload, runs one
+    command, sleeps `seconds` (the work), returns where and what ran. With a session, the
+    sandbox is kept across calls and each call adds a file (affinity is visible)."""
+
+    seconds: float = 0.0
+    tier: str = "fake"
+    clock: Callable[[], float] = time.time
+    _node: NodeContext | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        if self.tier not in node.providers:
+            raise UsageError(f"node {node.config.node_id} does not offer tier {self.tier!r}")
+        self._node = node
+
+    async def run(self, payload: Any, session: dict[str, Any] | None) -> dict[str, Any]:
+        assert self._node is not None
+        started = self.clock()
+        provider = self._node.providers[self.tier]
+        if session is not None:
+            sb = session.get("sandbox")
+            if sb is None:
+                sb = session["sandbox"] = await provider.open()
+            n = len(await sb.list_files())
+            await sb.write_file(f"turn{n}", repr(payload).encode())
+            files = await sb.list_files()
+        else:
+            async with await provider.open() as sb:
+                await sb.write_file("main.py", repr(payload).encode())
+                await sb.exec(["python3", "main.py"])
+                files = await sb.list_files()
+        if self.seconds:
+            await asyncio.sleep(self.seconds)
+        return {"node": self._node.config.node_id, "pid": os.getpid(),
+                "payload": payload, "files": files, "started": started,
+                "at": self.clock()}
+
+    async def close(self) -> None:
+        self._node = None
