@@ -291,3 +291,18 @@ def test_a_killed_supervisor_leaves_nothing_a_new_pool_does_not_reap(tmp_path):
         assert not os.path.exists(os.path.join(state, dead))
     finally:
         runner.close()
+
+
+def test_open_sandbox_from_a_snapshot(snap_runner):
+    from trialbox.sandbox import open_sandbox
+
+    async def body():
+        pool = snap_runner.pool
+        async with await pool.open(LIM) as sb:
+            await sb.write_file("a", b"prepared")
+            async with await sb.snapshot() as snap:
+                async with await open_sandbox(from_snapshot=snap, limits=LIM) as f:
+                    assert await f.read_file("a") == b"prepared"
+                with pytest.raises(UsageError, match="tier='namespace'"):
+                    await open_sandbox("gvisor", from_snapshot=snap)
+    snap_runner.run(body())

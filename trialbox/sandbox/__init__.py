@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.base import Sandbox, SessionSnapshot
 from trialbox.sandbox.languages import LANGUAGES, language, run_code
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.sandbox.pool import CellPool, PoolConfig
@@ -88,8 +88,15 @@ def _close_pools() -> None:
 
 
 async def open_sandbox(tier: str = "namespace", limits: Limits | None = None,
-                       pool: CellPool | None = None) -> Sandbox:
-    """Open a session in the given tier. Close it (or use `async with`) when done."""
+                       pool: CellPool | None = None,
+                       from_snapshot: SessionSnapshot | None = None) -> Sandbox:
+    """Open a session in the given tier. Close it (or use `async with`) when done.
+    `from_snapshot`: a fork of that snapshot (its files, copy-on-write; docs/snapshots.md)."""
+    if from_snapshot is not None:
+        if from_snapshot.tier != tier:
+            raise UsageError(f"the snapshot is of the {from_snapshot.tier} tier; open its "
+                             f"forks with tier={from_snapshot.tier!r}")
+        return await from_snapshot.open(limits)
     if tier not in TIERS:
         raise UsageError(f"unknown sandbox tier {tier!r}; available: {', '.join(TIERS)}")
     if limits is not None and not isinstance(limits, Limits):
