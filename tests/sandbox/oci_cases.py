@@ -48,8 +48,20 @@ class OciHarness:
         return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
 
     def close(self) -> None:
-        self.run(self.provider.close())
+        """Close the provider and check that nothing of it is left: after the whole
+        battery ran in it, no container (runsc/runc/crun state), cgroup in any
+        hierarchy, mount, state directory or process."""
+        p = self.provider
+        self.run(p.close())
         self.loop.close()
+        left = [d for d in (os.path.join(root, f"trialbox-oci/{p.id}")
+                            for root in cgroup_roots()) if os.path.exists(d)]
+        left += [p.dir] if os.path.exists(p.dir) else []
+        from trialbox.sandbox.mounts import mounts_under
+        left += mounts_under(p.dir)
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        left += [line for line in ps.splitlines() if p.id in line]
+        assert not left, f"left behind by the {p.tier} provider: {left}"
 
     def one(self, code: str, lang: str = "python", stdin: bytes = b"",
             **changes: Any) -> ExecResult:
@@ -328,6 +340,90 @@ def test_protocol_lookalike_output_changes_nothing(oci: OciHarness) -> None:
                 "+ b'{\"status\": 0}' + b'K\\0\\0\\0\\0')\nsys.exit(2)")
     assert (r.status, r.exit_code) == (ExecStatus.EXIT, 2), describe(r)
     assert r.stdout.startswith(b"X\r\0\0\0{"), describe(r)
+
+
+def test_host_processes_not_visible(oci: OciHarness) -> None:
+    """A session sees only its own processes: not the host's, not pytest, not another
+    session's run going on at the same time."""
+    async def body() -> tuple[ExecResult, ExecResult]:
+        async with await oci.provider.open(FAST) as a, await oci.provider.open(FAST) as b:
+            busy = asyncio.ensure_future(a.exec(["/bin/bash", "-c", "sleep 1.2; echo a"]))
+            await asyncio.sleep(0.3)
+            seen = await b.exec(["/bin/bash", "-c",
+                                 ("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; "
+                                  "echo; done")])
+            return await busy, seen
+    busy, seen = oci.run(body())
+    assert busy.stdout == b"a\n", describe(busy)
+    assert seen.status is ExecStatus.OK, describe(seen)
+    cmdlines = [c for c in seen.stdout.decode().splitlines() if c.strip()]
+    assert len(cmdlines) <= 4, cmdlines  # the fork server, bash, (tr), nothing else
+    assert not any("sleep" in c or "pytest" in c for c in cmdlines), cmdlines
+    oci.assert_no_leaks()
+
+
+def test_identity_without_privilege(oci: OciHarness) -> None:
+    r = oci.one("id -u; id -g; id -G; grep -E '^(Cap(Inh|Prm|Eff|Amb)|NoNewPrivs):' "
+                "/proc/self/status", "bash")
+    assert r.status is ExecStatus.OK, describe(r)
+    lines = r.stdout.decode().splitlines()
+    assert lines[:3] == ["1000", "1000", "1000"], lines
+    fields = dict(line.split(":\t") for line in lines[3:])
+    zero = "0000000000000000"
+    caps = {k: v for k, v in fields.items() if k.startswith("Cap")}
+    assert {"CapInh", "CapPrm", "CapEff"} <= set(caps), fields
+    assert set(caps.values()) == {zero}, fields
+    # gVisor's /proc has no CapAmb and NoNewPrivs lines; where shown, they are as above
+    assert fields.get("NoNewPrivs", "1") == "1", fields
+
+
+def test_setuid_binaries_do_not_escalate(oci: OciHarness) -> None:
+    script = r"""
+/usr/bin/su root -c 'echo ROOTED' </dev/null; echo "su=$?"
+/usr/bin/passwd -d root </dev/null; echo "passwd=$?"
+cp /usr/bin/id ./myid && chmod 4755 ./myid && ./myid -u
+python3 -c 'import os; print(os.geteuid(), os.getresuid())'
+"""
+    r = oci.one(script, "bash")
+    assert r.status is ExecStatus.OK, describe(r)
+    out = r.stdout.decode()
+    assert "ROOTED" not in out
+    assert "su=0" not in out and "passwd=0" not in out, out
+    assert out.endswith("1000\n1000 (1000, 1000, 1000)\n"), out
+
+
+def test_cgroup_and_kernel_interfaces_hidden(oci: OciHarness) -> None:
+    script = r"""
+for p in /sys/fs/cgroup /proc/sys/kernel/core_pattern /proc/sysrq-trigger \
+         /proc/sys/vm/drop_caches; do
+    [ -w $p ] && echo "$p writable"
+done
+dmesg >/dev/null 2>&1 && echo "dmesg readable"
+echo done
+"""
+    r = oci.one(script, "bash")
+    assert r.status is ExecStatus.OK, describe(r)
+    assert r.stdout == b"done\n", describe(r)
+
+
+def test_no_route_to_a_host_abstract_socket(oci: OciHarness) -> None:
+    """Abstract unix sockets belong to a network namespace: the host's are out of reach."""
+    name = f"\0trialbox-test-{os.getpid()}"
+    usrv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    usrv.bind(name)
+    usrv.listen(4)
+    usrv.setblocking(False)
+    code = (f"import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+            f"    s.connect({name!r})\n    print('connected')\n"
+            "except OSError as e:\n    print('refused', e.errno)")
+    try:
+        r = oci.one(code)
+        assert r.status is ExecStatus.OK, describe(r)
+        assert r.stdout.startswith(b"refused "), describe(r)
+        with pytest.raises(BlockingIOError):
+            usrv.accept()
+    finally:
+        usrv.close()
 
 
 # ------------------------------------------------------------------ cleanup
