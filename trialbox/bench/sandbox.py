@@ -3,6 +3,7 @@ side by side with four baselines in the same run.
 
     trialbox bench sandbox [--json] [--runs N] [--seconds S] [--concurrency 1,2,4,8]
                            [--out FILE]
+    trialbox bench sandbox --tiers namespace,container,gvisor   # the tiers: bench/tiers.py
 
 Systems:
 
@@ -879,8 +880,11 @@ async def _run(params: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any
 
 
 def main(args: argparse.Namespace) -> int:
-    runs = int(args.runs)
-    seconds = float(args.seconds)
+    if getattr(args, "tiers", None):
+        from trialbox.bench.tiers import main as tiers_main
+        return tiers_main(args)
+    runs = int(args.runs) if args.runs is not None else 200
+    seconds = float(args.seconds) if args.seconds is not None else 4.0
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, got {runs}")
     if not (math.isfinite(seconds) and seconds > 0):
