@@ -28,6 +28,7 @@ test: system $(STAMP)
 bench: system $(STAMP)
 	mkdir -p .bench
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
+	$(VENV)/bin/trialbox bench sandbox --tiers namespace,container,gvisor --out .bench/tiers.json  # ~2 min
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
 	$(VENV)/bin/trialbox bench scheduler --out .bench/scheduler.json
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
