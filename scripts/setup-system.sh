@@ -26,6 +26,15 @@ need=()
 #           filter and counter (nft), the veth pair and routes (ip)
 [ -x /usr/sbin/nft ] || need+=(nftables)
 [ -x /usr/sbin/ip ] || need+=(iproute2)
+#   the languages of `trialbox serve`'s SandboxFusion-compatible /run_code beyond C/C++/
+#   Python/bash (trialbox/sandbox/languages.py declares what each needs): Java 17 + JUnit 4,
+#   Go, Rust, Node.js + TypeScript (Debian's nodejs, or any already at /usr/bin/node)
+[ -x /usr/bin/javac ] || need+=(default-jdk-headless)
+[ -f /usr/share/java/junit4.jar ] || need+=(junit4)
+[ -x /usr/bin/go ] || need+=(golang-go)
+[ -x /usr/bin/rustc ] || need+=(rustc)
+[ -x /usr/bin/node ] || need+=(nodejs)
+[ -x /usr/bin/tsc ] || need+=(node-typescript)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup-system: missing Debian packages: ${need[*]} — run as root or: sudo apt-get install ${need[*]}" >&2
@@ -34,4 +43,22 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "setup-system: installing ${need[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# jest (the JavaScript test runner) and TypeScript's Node typings are not installable
+# from Debian 12 (node-jest-worker needs a node-types-node the archive lacks, and
+# node-typescript 4.8 ships no Node typings): npm installs the versions pinned in
+# scripts/js/package-lock.json under /usr/local/lib/trialbox-js (inside /usr, which the
+# sandbox mounts read-only), only when missing or when the lock changed.
+JS=/usr/local/lib/trialbox-js
+here="$(cd "$(dirname "$0")" && pwd)"
+if [ ! -x "$JS/node_modules/.bin/jest" ] || ! cmp -s "$here/js/package-lock.json" "$JS/package-lock.json"; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup-system: jest missing — run as root to install it under $JS" >&2
+    exit 1
+  fi
+  command -v npm >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
+  mkdir -p "$JS"
+  cp "$here/js/package.json" "$here/js/package-lock.json" "$JS/"
+  echo "setup-system: installing jest under $JS"
+  (cd "$JS" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi

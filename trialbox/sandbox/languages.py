@@ -7,6 +7,8 @@ the zygote); everything else is a command in the same isolation.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,44 +20,169 @@ from trialbox.types import ExecResult, ExecStatus, Limits
 
 @dataclass(frozen=True)
 class Language:
-    """How to write, (maybe) compile and run one language's source in a workspace."""
+    """How to write, (maybe) compile and run one language's source in a workspace, and
+    what its toolchain needs from the machine and the sandbox.
+
+    The toolchain runs inside the sandbox against the read-only /usr of the host
+    (scripts/setup-system.sh installs each `package` when missing). What a compiler,
+    a JVM or the go tool needs beyond a C program — writable caches, more processes
+    and threads, memory for the compiler — is declared here per language, never made
+    global: `env` is added to the run's environment, `run_pids` / `compile_pids` are
+    floors on the process limit, `compile_memory_mb` a floor on the compile's memory.
+    The *program's* memory limit is never raised: what the caller asked for is what the
+    program gets (a JVM sizes its heap from it)."""
 
     name: str
     filename: str
     run: tuple[str, ...]
     compile: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+    """Files the toolchain needs on the host (under /usr, which the sandbox mounts)."""
+    package: str = ""
+    """Where `needs` come from (a Debian package, or scripts/setup-system.sh's npm)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Added to the environment of the compile and the run."""
+    run_pids: int = 0
+    """At least this many processes + threads for the run (runtimes with thread pools)."""
+    compile_pids: int = 0
+    """At least this many for the compile (COMPILE_PIDS when 0)."""
+    compile_memory_mb: int = 0
+    """At least this much memory for the compile (a compiler's own need, not the
+    program's); 0: the caller's limit."""
+    public_class: bool = False
+    """Java: the file is named after the source's public class (`{cls}` in `run`)."""
 
+    def available(self) -> bool:
+        return all(os.path.exists(p) for p in self.needs)
+
+    def file_for(self, source: bytes) -> tuple[str, str]:
+        """The file name the source is written to, and the class name for `{cls}`."""
+        if not self.public_class:
+            return self.filename, ""
+        m = _PUBLIC_CLASS.search(source.decode("utf-8", errors="replace"))
+        cls = m.group(1) if m else self.filename.rsplit(".", 1)[0]
+        return f"{cls}.java", cls
+
+
+_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)",
+                           re.MULTILINE)
+JUNIT_CP = "/usr/share/java/junit4.jar:/usr/share/java/hamcrest-core.jar"
+JS_ROOT = "/usr/local/lib/trialbox-js"
+"""Where scripts/setup-system.sh installs jest (and @types/node with it) from
+scripts/js/package-lock.json."""
+_JVM = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss8m")
+"""One GC thread and the quick JIT: a JVM in a sandbox of a few cores' worth starts in
+a fraction of a second and keeps its thread count (pids) small."""
+_GO_ENV = (("GOCACHE", "/tmp/go-cache"), ("GOPATH", "/tmp/go"), ("GO111MODULE", "off"),
+           ("CGO_ENABLED", "0"), ("GOFLAGS", "-p=2"), ("GOTOOLCHAIN", "local"))
+"""The build cache in the session's /tmp (the only writable place besides /workspace),
+GOPATH mode (no module download: there is no network), no cgo (no gcc per build),
+two compile jobs at once (pids)."""
 
 LANGUAGES: dict[str, Language] = {
     "python": Language("python", "main.py", ("python3", "main.py")),
     "bash": Language("bash", "main.sh", ("/bin/bash", "main.sh")),
     "sh": Language("sh", "main.sh", ("/bin/sh", "main.sh")),
     "c": Language("c", "main.c", ("./main",),
-                  ("/usr/bin/gcc", "-O2", "-std=c17", "-o", "main", "main.c", "-lm")),
+                  ("/usr/bin/gcc", "-O2", "-std=c17", "-o", "main", "main.c", "-lm"),
+                  needs=("/usr/bin/gcc",), package="gcc"),
     "cpp": Language("cpp", "main.cpp", ("./main",),
-                    ("/usr/bin/g++", "-O2", "-std=c++17", "-o", "main", "main.cpp")),
+                    ("/usr/bin/g++", "-O2", "-std=c++17", "-o", "main", "main.cpp"),
+                    needs=("/usr/bin/g++",), package="g++"),
+    "pytest": Language("pytest", "test_main.py",
+                       ("python3", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "test_main.py"),
+                       needs=("/usr/lib/python3/dist-packages/pytest/__init__.py",),
+                       package="python3-pytest"),
+    "nodejs": Language("nodejs", "main.js", ("/usr/bin/node", "main.js"),
+                       needs=("/usr/bin/node",), package="nodejs", run_pids=32),
+    "typescript": Language(
+        "typescript", "main.ts", ("/usr/bin/node", "main.js"),
+        ("/usr/bin/tsc", "--target", "es2020", "--module", "commonjs", "--lib", "es2020",
+         "--typeRoots", f"{JS_ROOT}/node_modules/@types", "--types", "node",
+         "--skipLibCheck", "--outDir", ".", "main.ts"),
+        needs=("/usr/bin/node", "/usr/bin/tsc", f"{JS_ROOT}/node_modules/@types/node"),
+        package="node-typescript (+ @types/node via scripts/setup-system.sh)",
+        run_pids=32, compile_pids=32, compile_memory_mb=512),
+    "jest": Language(
+        "jest", "main.test.js",
+        ("/usr/bin/node", f"{JS_ROOT}/node_modules/jest/bin/jest.js", "--ci",
+         "--runInBand", "--watchman=false", "--cache=false",
+         "--config", '{"rootDir": "/workspace"}', "main.test.js"),
+        needs=("/usr/bin/node", f"{JS_ROOT}/node_modules/jest/bin/jest.js"),
+        package="jest (npm, scripts/setup-system.sh)", run_pids=64),
+    "go": Language("go", "main.go", ("./main",),
+                   ("/usr/bin/go", "build", "-o", "main", "main.go"),
+                   needs=("/usr/bin/go",), package="golang-go", env=_GO_ENV,
+                   run_pids=32, compile_pids=128, compile_memory_mb=512),
+    "go_test": Language("go_test", "main_test.go", ("/usr/bin/go", "test", "-v", "-vet=off", "."),
+                        needs=("/usr/bin/go",), package="golang-go", env=_GO_ENV,
+                        run_pids=128),
+    "java": Language("java", "Main.java", ("/usr/bin/java", *_JVM, "-cp", ".", "{cls}"),
+                     ("/usr/bin/javac", *(f"-J{o}" for o in _JVM[:2]), "-encoding",
+                      "UTF-8", "-d", ".", "{file}"),
+                     needs=("/usr/bin/java", "/usr/bin/javac"),
+                     package="default-jdk-headless", run_pids=64, compile_pids=64,
+                     compile_memory_mb=512, public_class=True),
+    "junit": Language("junit", "MainTest.java",
+                      ("/usr/bin/java", *_JVM, "-cp", f".:{JUNIT_CP}",
+                       "org.junit.runner.JUnitCore", "{cls}"),
+                      ("/usr/bin/javac", *(f"-J{o}" for o in _JVM[:2]), "-encoding",
+                       "UTF-8", "-cp", f".:{JUNIT_CP}", "-d", ".", "{file}"),
+                      needs=("/usr/bin/java", "/usr/bin/javac", "/usr/share/java/junit4.jar",
+                             "/usr/share/java/hamcrest-core.jar"),
+                      package="default-jdk-headless junit4", run_pids=64, compile_pids=64,
+                      compile_memory_mb=512, public_class=True),
+    "rust": Language("rust", "main.rs", ("./main",),
+                     ("/usr/bin/rustc", "--edition", "2021", "-O", "-o", "main", "main.rs"),
+                     needs=("/usr/bin/rustc",), package="rustc", compile_pids=64,
+                     compile_memory_mb=512),
 }
-ALIASES = {"python3": "python", "py": "python", "c++": "cpp", "shell": "bash"}
+ALIASES = {"python3": "python", "py": "python", "c++": "cpp", "shell": "bash",
+           "javascript": "nodejs", "js": "nodejs", "node": "nodejs", "ts": "typescript",
+           "golang": "go", "rs": "rust"}
 
 COMPILE_PIDS = 16
 """Processes a compile may always have: gcc's driver runs cc1, as, collect2 and ld."""
 
 
-def compile_limits_for(limits: Limits) -> Limits:
+def compile_limits_for(limits: Limits, spec: Language | None = None) -> Limits:
     """A compile runs as a run of its own under the caller's limits — the same wall
     time, CPU time and memory the program then gets, each phase its own budget — with
-    at least COMPILE_PIDS processes. Never more than asked: a source can make its
-    compiler work for minutes (a file that includes itself) or take gigabytes, and that
-    is the candidate's `timeout` or `memory`, reported as the compile's status."""
-    return limits.with_(pids=max(limits.pids, COMPILE_PIDS))
+    at least COMPILE_PIDS processes. Never more than asked, except the floors a
+    language declares for its compiler's own needs (a JVM-hosted javac, rustc, the go
+    tool: `compile_memory_mb`, `compile_pids`): a source can make its compiler work for
+    minutes (a file that includes itself) or take gigabytes, and that is the
+    candidate's `timeout` or `memory`, reported as the compile's status."""
+    pids = max(limits.pids, COMPILE_PIDS, spec.compile_pids if spec else 0)
+    memory = max(limits.memory_mb, spec.compile_memory_mb if spec else 0)
+    return limits.with_(pids=pids, memory_mb=memory)
+
+
+def run_limits_for(limits: Limits, spec: Language) -> Limits:
+    """The program's limits: the caller's, with the language's floor on processes +
+    threads (a runtime's own thread pool). Memory and time are never raised."""
+    return limits.with_(pids=max(limits.pids, spec.run_pids)) if spec.run_pids else limits
+
+
+def offered() -> list[str]:
+    """The languages this machine can run (their toolchains are installed)."""
+    return sorted(n for n, spec in LANGUAGES.items() if spec.available())
 
 
 def language(name: str) -> Language:
     key = ALIASES.get(name, name) if isinstance(name, str) else name
     if key not in LANGUAGES:
-        raise UnknownLanguage(f"unknown language {name!r}; use one of "
-                              f"{', '.join(sorted(LANGUAGES))}")
-    return LANGUAGES[key]
+        raise UnknownLanguage(f"unknown language {name!r}; use one of those installed here: "
+                              f"{', '.join(offered())}")
+    spec = LANGUAGES[key]
+    if not spec.available():
+        missing = [p for p in spec.needs if not os.path.exists(p)]
+        raise UnknownLanguage(f"language {name!r} is not installed on this machine "
+                              f"(missing {', '.join(missing)}: install {spec.package}, "
+                              f"e.g. run scripts/setup-system.sh); offered here: "
+                              f"{', '.join(offered())}")
+    return spec
 
 
 def _source_bytes(code: str | bytes) -> bytes:
@@ -82,22 +209,31 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
     """
     spec = language(lang)
     source = _source_bytes(code)
+    filename, cls = spec.file_for(source)
     try:
-        await sb.write_file(spec.filename, source)
+        await sb.write_file(filename, source)
     except (PathObstructed, WorkspaceFull) as e:
         # The session's workspace is the candidate's: an earlier run made main.py a
         # directory, or filled it. Its outcome, never an error of the caller's.
         status = ExecStatus.DISK if isinstance(e, WorkspaceFull) else ExecStatus.EXIT
-        return ExecResult(status=status, message=f"cannot write {spec.filename}: {e}",
+        return ExecResult(status=status, message=f"cannot write {filename}: {e}",
                           tier=getattr(sb, "tier", ""))
+    env = dict(spec.env) or None
     compiled = None
     if spec.compile:
-        compiled = await sb.exec(list(spec.compile), limits=compile_limits
-                                 or compile_limits_for(limits or sb.limits))
+        argv = [_fill(a, filename, cls) for a in spec.compile]
+        compiled = await sb.exec(argv, env=env, limits=compile_limits
+                                 or compile_limits_for(limits or sb.limits, spec))
         if not compiled.ok:
             return _with_compile(compiled, compiled)
-    result = await sb.exec([*spec.run, *args], stdin=stdin, limits=limits)
+    run = [_fill(a, filename, cls) for a in spec.run]
+    run_limits = run_limits_for(limits or sb.limits, spec) if spec.run_pids else limits
+    result = await sb.exec([*run, *args], stdin=stdin, env=env, limits=run_limits)
     return _with_compile(result, compiled) if compiled else result
+
+
+def _fill(arg: str, filename: str, cls: str) -> str:
+    return arg.replace("{file}", filename).replace("{cls}", cls) if "{" in arg else arg
 
 
 def _with_compile(result: ExecResult, compiled: ExecResult) -> ExecResult:

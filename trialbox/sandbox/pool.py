@@ -493,6 +493,7 @@ class CellPool:
                 os.close(script_fd)
         self._ctl = parent
         ro_binds = [["/usr", "/usr"], ["/etc/alternatives", "/etc/alternatives"]]
+        ro_binds += [[d, d] for d in etc_runtime_dirs()]
         for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
             if os.path.isdir(top) and not os.path.islink(top):
                 ro_binds.append([top, top])
@@ -924,13 +925,23 @@ nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
 GROUP = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"
 
 
+def etc_runtime_dirs() -> list[str]:
+    """Configuration of runtimes under /usr that Debian keeps under /etc (a JDK's
+    `conf/security/java.security` is a link to /etc/java-17-openjdk/...: without it no
+    JVM starts). Bound read-only like /usr; nothing else of /etc is visible."""
+    import glob
+    return sorted(d for d in glob.glob("/etc/java-*-openjdk")
+                  if os.path.isdir(d) and not os.path.islink(d))
+
+
 def _build_root_template(root: str) -> None:
     """The skeleton each cell binds read-only as `/`: mount points, a few /etc files.
 
     Only the declared runtime (/usr, plus /etc/alternatives and the loader cache that
     programs under /usr need) is bound in; nothing else of the host is visible.
     """
-    for d in ("usr", "etc", "dev", "dev/shm", "proc", "tmp", "workspace", "etc/alternatives"):
+    for d in ("usr", "etc", "dev", "dev/shm", "proc", "tmp", "workspace", "etc/alternatives",
+              *(e.lstrip("/") for e in etc_runtime_dirs())):
         os.makedirs(os.path.join(root, d), mode=0o755, exist_ok=True)
     for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
         host = "/" + top

@@ -32,7 +32,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from trialbox.sandbox.base import SandboxProvider
-from trialbox.service import dashboard, errors, fusion, v1
+from trialbox.service import dashboard, errors, fusion, jupyter, v1
 from trialbox.service.config import ServiceConfig
 from trialbox.service.guard import Guard
 from trialbox.service.state import ServiceState
@@ -117,6 +117,7 @@ def create_app(config: ServiceConfig | None = None,
 
     app.include_router(v1.router)
     app.include_router(fusion.router)
+    app.include_router(jupyter.router)
     app.add_middleware(Guard, state=state)
 
     # -- telemetry and dashboard mount here (telemetry owner) --

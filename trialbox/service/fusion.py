@@ -34,7 +34,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from trialbox.sandbox.languages import compile_limits_for
+from trialbox.sandbox.languages import compile_limits_for, language
 from trialbox.service.errors import FieldError
 from trialbox.service.models import LimitsIn, OneShotIn, decode_b64
 from trialbox.service.state import ServiceState
@@ -69,6 +69,7 @@ class RunCodeRequest(BaseModel):
 
 def command_result(r: ExecResult) -> dict[str, Any]:
     return {"status": RUN_STATUS[r.status], "execution_time": round(r.wall_ms / 1000, 6),
+            "cpu_time": round(r.cpu_ms / 1000, 6),
             "return_code": (r.exit_code if r.exit_code is not None
                             else -r.signal if r.signal is not None
                             and r.status is ExecStatus.SIGNAL else None),
@@ -107,10 +108,15 @@ async def run_code_endpoint(body: RunCodeRequest, request: Request) -> dict[str,
     from trialbox.service.v1 import one_shot
     state: ServiceState = request.app.state.service
     config = state.config
+    spec = language(body.language)  # unknown → 400 listing the languages offered
     memory = body.memory_limit_MB if body.memory_limit_MB > 0 else None
     if body.memory_limit_MB == 0 or body.memory_limit_MB < -1:
         raise FieldError("memory_limit_MB", f"must be a positive number of MiB or -1 (the "
                          f"server's default), got {body.memory_limit_MB}")
+    if memory is not None and memory > config.max_limits.memory_mb:
+        raise FieldError("memory_limit_MB", f"{memory} MiB is above this server's cap of "
+                         f"{config.max_limits.memory_mb} MiB (trialbox serve "
+                         "--max-memory-mb); ask for less")
     if body.run_timeout > config.max_limits.wall_s:
         raise FieldError("run_timeout", f"{body.run_timeout} s is above this server's "
                          f"maximum {config.max_limits.wall_s} s")
@@ -127,7 +133,8 @@ async def run_code_endpoint(body: RunCodeRequest, request: Request) -> dict[str,
     # run_timeout; SandboxFusion times them apart the same way.
     run_limits = config.default_limits.with_(wall_s=body.run_timeout,
                                              cpu_s=body.run_timeout)
-    compile_limits = compile_limits_for(run_limits).with_(wall_s=body.compile_timeout,
-                                                          cpu_s=body.compile_timeout)
-    result, fetched = await one_shot(state, request, shot, files, compile_limits)
+    compile_limits = compile_limits_for(run_limits, spec).with_(
+        wall_s=body.compile_timeout, cpu_s=body.compile_timeout)
+    result, fetched = await one_shot(state, request, shot, files, compile_limits,
+                                     kind="run_code")
     return fusion_response(result, fetched)

@@ -404,6 +404,17 @@ async def list_submissions(request: Request, limit: int = 50) -> dict[str, Any]:
     return {"submissions": state.submissions.recent(limit), "total": len(state.submissions)}
 
 
+@router.get("/languages")
+async def languages() -> dict[str, Any]:
+    """The languages this server runs (their toolchains are installed here), and every
+    language trialbox declares with what it needs."""
+    from trialbox.sandbox.languages import ALIASES, LANGUAGES, offered
+    return {"languages": offered(), "aliases": ALIASES,
+            "declared": {name: {"available": spec.available(), "package": spec.package,
+                                "needs": list(spec.needs)}
+                         for name, spec in sorted(LANGUAGES.items())}}
+
+
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
     """The server's live numbers: admission queue, pool, sessions, counters."""
