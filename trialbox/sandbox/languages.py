@@ -50,13 +50,15 @@ class Language:
     """At least this much memory for the compile (a compiler's own need, not the
     program's); 0: the caller's limit."""
     public_class: bool = False
-    """Java: the file is named after the source's public class (`{cls}` in `run`)."""
+    """Java: the file is named after the source's public class. `filename` and the
+    argument equal to its stem in `run` (`Main`) are the defaults, replaced by the
+    source's own class name, so `run` and `compile` stay plain argv."""
 
     def available(self) -> bool:
         return all(os.path.exists(p) for p in self.needs)
 
     def file_for(self, source: bytes) -> tuple[str, str]:
-        """The file name the source is written to, and the class name for `{cls}`."""
+        """The file name the source is written to, and its class (Java; else "")."""
         if not self.public_class:
             return self.filename, ""
         m = _PUBLIC_CLASS.search(source.decode("utf-8", errors="replace"))
@@ -118,17 +120,17 @@ LANGUAGES: dict[str, Language] = {
     "go_test": Language("go_test", "main_test.go", ("/usr/bin/go", "test", "-v", "-vet=off", "."),
                         needs=("/usr/bin/go",), package="golang-go", env=_GO_ENV,
                         run_pids=128),
-    "java": Language("java", "Main.java", ("/usr/bin/java", *_JVM, "-cp", ".", "{cls}"),
+    "java": Language("java", "Main.java", ("/usr/bin/java", *_JVM, "-cp", ".", "Main"),
                      ("/usr/bin/javac", *(f"-J{o}" for o in _JVM[:2]), "-encoding",
-                      "UTF-8", "-d", ".", "{file}"),
+                      "UTF-8", "-d", ".", "Main.java"),
                      needs=("/usr/bin/java", "/usr/bin/javac"),
                      package="default-jdk-headless", run_pids=64, compile_pids=64,
                      compile_memory_mb=512, public_class=True),
     "junit": Language("junit", "MainTest.java",
                       ("/usr/bin/java", *_JVM, "-cp", f".:{JUNIT_CP}",
-                       "org.junit.runner.JUnitCore", "{cls}"),
+                       "org.junit.runner.JUnitCore", "MainTest"),
                       ("/usr/bin/javac", *(f"-J{o}" for o in _JVM[:2]), "-encoding",
-                       "UTF-8", "-cp", f".:{JUNIT_CP}", "-d", ".", "{file}"),
+                       "UTF-8", "-cp", f".:{JUNIT_CP}", "-d", ".", "MainTest.java"),
                       needs=("/usr/bin/java", "/usr/bin/javac", "/usr/share/java/junit4.jar",
                              "/usr/share/java/hamcrest-core.jar"),
                       package="default-jdk-headless junit4", run_pids=64, compile_pids=64,
@@ -221,19 +223,25 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
     env = dict(spec.env) or None
     compiled = None
     if spec.compile:
-        argv = [_fill(a, filename, cls) for a in spec.compile]
+        argv = [_fill(a, spec, filename, cls) for a in spec.compile]
         compiled = await sb.exec(argv, env=env, limits=compile_limits
                                  or compile_limits_for(limits or sb.limits, spec))
         if not compiled.ok:
             return _with_compile(compiled, compiled)
-    run = [_fill(a, filename, cls) for a in spec.run]
+    run = [_fill(a, spec, filename, cls) for a in spec.run]
     run_limits = run_limits_for(limits or sb.limits, spec) if spec.run_pids else limits
     result = await sb.exec([*run, *args], stdin=stdin, env=env, limits=run_limits)
     return _with_compile(result, compiled) if compiled else result
 
 
-def _fill(arg: str, filename: str, cls: str) -> str:
-    return arg.replace("{file}", filename).replace("{cls}", cls) if "{" in arg else arg
+def _fill(arg: str, spec: Language, filename: str, cls: str) -> str:
+    """`spec`'s default file name and class replaced by the source's (exact arguments
+    only)."""
+    if not spec.public_class:
+        return arg
+    if arg == spec.filename:
+        return filename
+    return cls if arg == spec.filename.rsplit(".", 1)[0] else arg
 
 
 def _with_compile(result: ExecResult, compiled: ExecResult) -> ExecResult:
