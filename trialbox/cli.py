@@ -17,6 +17,7 @@
     trialbox bench telemetry                   instrumentation cost per sandbox run
     trialbox bench fork --json                 snapshot + fork-8 latency vs copying the workspace
     trialbox bench train --json                GRPO episodes/s and tokens/s vs TRL's GRPOTrainer
+    trialbox bench density --sessions 10000    live sessions on one node, memory/fds each
     trialbox tasks status RUN | show TASK      a run's tasks from the scheduler's journal
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
@@ -135,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_telemetry_parser(bsub)
     from trialbox.bench.fork import add_parser as add_bench_fork_parser
     add_bench_fork_parser(bsub)  # bench fork (its handler runs it)
+    from trialbox.bench.density import add_parser as add_bench_density_parser
+    add_bench_density_parser(bsub)  # live sessions per node (its handler runs it)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade samples ({task_id, completion[, language]} "

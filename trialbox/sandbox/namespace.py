@@ -100,6 +100,7 @@ class NamespaceSandbox:
         self.gate: Gate | None = None
         """The cell's allow-listed way out (network.py), with `Limits.net_allow` only."""
         self._refused = 0  # refused network attempts counted by gates already closed
+        self._admitted = False  # holds one of the pool's places (capacity.py)
 
     @classmethod
     async def open(cls, pool: CellPool, limits: Limits | None = None,
@@ -112,8 +113,20 @@ class NamespaceSandbox:
         if limits is not None and limits.net_allow:
             check_node()
         sb = cls(pool, limits or Limits(), base)
-        sb._open_session()
+        try:
+            if pool.admission is not None:  # past the node's capacity: wait for a place
+                await pool.admission.enter()
+                sb._admitted = True
+            sb._open_session()
+        except BaseException:
+            sb._teardown()  # its layers, uid, workspace, place: idempotent
+            raise
         return sb
+
+    def _leave(self) -> None:
+        if self._admitted and self.pool.admission is not None:
+            self._admitted = False
+            self.pool.admission.leave()
 
     def _open_session(self) -> None:
         self.uid = self.pool.take_uid()
@@ -186,6 +199,7 @@ class NamespaceSandbox:
         for layer in self.layers:
             layer.release()
         self.layers = []
+        self._leave()
 
     async def park(self) -> None:
         """Hand the session's cell back to the pool while keeping its files: called while
@@ -295,6 +309,8 @@ class NamespaceSandbox:
                     self._restore_roots()  # for the next run; off its start's path
                 if result.status is ExecStatus.INFRA or not cell.alive or run.held_open:
                     self._drop_cell()  # the next run gets a fresh cell; files are kept
+                else:
+                    cell.rest_files()  # a dense pool: 2 descriptors between runs
                 # A cell that broke before the program's first instruction ran nothing of
                 # the candidate's: run it once more on a fresh cell (unless fds were
                 # passed: they went with the broken cell).
@@ -580,11 +596,12 @@ class _Run:
 
     async def run(self) -> ExecResult:
         cell, limits = self.cell, self.limits
-        assert cell.files is not None and cell.status is not None
+        assert cell.status is not None
         fds: list[int] = []
         try:
+            files = cell.open_files()  # closed between runs on a dense pool
             try:
-                cell.files.begin_run(limits, session_carry(self.sb.limits))
+                files.begin_run(limits, session_carry(self.sb.limits))
             except OverBudget as e:
                 return self._over_budget(e)
             self.disk_used0 = self._disk_used()
@@ -599,7 +616,7 @@ class _Run:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             fds += [out_w, err_w]
-        except OSError as e:
+        except (OSError, SandboxStartError) as e:
             for fd in fds:
                 os.close(fd)
             return self.sb._infra(f"could not prepare the run: {e}")

@@ -34,8 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
+from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
+from trialbox.sandbox.capacity import Admission, derive_capacity, raise_fd_limit
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.seccomp import build_filter
 from trialbox.telemetry import traced_cell_start, traced_warm
@@ -98,9 +99,24 @@ class PoolConfig:
     net_egress: str = ""
     """The network namespace (a path, e.g. /run/netns/mirror) that connections allowed
     by `Limits.net_allow` are made from; empty: the supervisor's own (network.py)."""
+    capacity: int | None = None
+    """Open sessions this pool allows at once; None derives it at start from the host
+    (descriptors, memory, pids, namespaces: `derive_capacity`). Openers past it wait."""
+    capacity_wait_s: float = 600.0
+    """How long an open past capacity waits for a session to close before it fails
+    with `Unavailable` (a clear error, not an `infra` result)."""
+    session_memory_mb: float = 1.5
+    """Host memory one open session with its cell is assumed to take when capacity is
+    derived (`trialbox bench density` measures it: ~1.4 MiB here)."""
+    dense_after: int = 256
+    """Live cells past which a cell between runs closes its cgroup files (9 descriptors
+    on cgroup v1) and reopens them at its next run (~0.1 ms): an idle session then
+    holds 1 descriptor (its cell's session socket)."""
+    max_starting: int = 64
+    """Cells being started at once (warm-ups and on-demand alike); more wait their turn
+    rather than pile up on the zygote past the cells' 30 s start deadline."""
 
     def __post_init__(self) -> None:
-        from trialbox.errors import UsageError
         if self.native not in ("auto", "on", "off"):
             raise UsageError(f"PoolConfig: native must be 'auto', 'on' or 'off', got "
                              f"{self.native!r}")
@@ -109,6 +125,14 @@ class PoolConfig:
                              f"({self.max_warm})")
         if self.max_warming < 1:
             raise UsageError("PoolConfig.max_warming must be at least 1")
+        if self.capacity is not None and self.capacity < 1:
+            raise UsageError(f"PoolConfig.capacity must be at least 1 (or None to derive "
+                             f"it from the host), got {self.capacity}")
+        if self.capacity_wait_s < 0 or self.session_memory_mb <= 0:
+            raise UsageError("PoolConfig: capacity_wait_s must be >= 0 and "
+                             "session_memory_mb > 0")
+        if self.max_starting < 1 or self.dense_after < 0:
+            raise UsageError("PoolConfig: max_starting must be >= 1 and dense_after >= 0")
         if self.uid_base < 65_536 or self.uid_count < 1:
             raise UsageError("PoolConfig.uid_base must be >= 65536 (above every real "
                              "user) and uid_count >= 1")
@@ -220,9 +244,12 @@ class FdReader:
         os.set_blocking(fd, False)
         loop.add_reader(fd, self._read)
 
+    def _recv(self) -> bytes:
+        return os.read(self.fd, 1 << 16)
+
     def _read(self) -> None:
         try:
-            data = os.read(self.fd, 1 << 16)
+            data = self._recv()
         except BlockingIOError:
             return
         except OSError:
@@ -249,10 +276,36 @@ class FdReader:
     def close(self) -> None:
         if self.fd >= 0:
             self.loop.remove_reader(self.fd)
-            os.close(self.fd)
+            self._close_fd()
             self.fd = -1
         if not self.done.done():
             self.done.set_result(None)
+
+    def _close_fd(self) -> None:
+        os.close(self.fd)
+
+
+class SocketReader(FdReader):
+    """Reads a cell's status records from its session socket, the descriptor the
+    supervisor also sends its `go`s on (one descriptor per cell, not a socket and a
+    pipe: at 10,000 live sessions the difference is 10,000 descriptors). Reads never
+    block (MSG_DONTWAIT) while sends stay blocking; closing stops the reading, and the
+    socket's owner (the cell) closes the socket itself."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: int,
+                 on_data: Callable[[FdReader], None] | None = None):
+        self.sock = sock
+        self.loop, self.fd, self.cap, self.on_data = loop, sock.fileno(), cap, on_data
+        self.buf = bytearray()
+        self.total = 0
+        self.done = loop.create_future()
+        loop.add_reader(self.fd, self._read)
+
+    def _recv(self) -> bytes:
+        return self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+
+    def _close_fd(self) -> None:
+        pass  # the cell closes its socket
 
 
 # ------------------------------------------------------------------ cells
@@ -362,6 +415,22 @@ class Cell:
         except ZygoteDied:
             self.pool.cgroups.kill_all(self.rel)
 
+    def open_files(self) -> CellFiles:
+        """The cell's cgroup files, reopened if `rest_files` closed them."""
+        if self.files is None:
+            if self.go is None:
+                raise SandboxStartError(f"cell {self.id} is closed")
+            self.files = self.pool.cgroups.open_files(self.rel)
+        return self.files
+
+    def rest_files(self) -> None:
+        """Between runs on a dense pool (PoolConfig.dense_after), close the cgroup files:
+        a session holding its cell then costs 1 descriptor, not 10; the next run
+        reopens them (`open_files`). Below that density nothing changes."""
+        if self.files is not None and len(self.pool._live) > self.pool.config.dense_after:
+            self.files.close()
+            self.files = None
+
     def discard(self) -> None:
         """Close an unused cell: its init sees EOF, everything in it dies, and its cgroup
         goes to the janitor."""
@@ -410,6 +479,9 @@ class CellPool:
         """Whether the cells run cell.c's hot path (see PoolConfig.native)."""
         self.zygote_restarts = 0
         self.reaped: dict[str, int] = {}
+        self.admission: Admission | None = None
+        """Open sessions against the node's capacity (set at start; capacity.py)."""
+        self._starting = asyncio.Semaphore(self.config.max_starting)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> CellPool:
@@ -430,6 +502,11 @@ class CellPool:
         self.python_names = frozenset({"python", "python3", self.runtime.python,
                                        os.path.realpath(self.runtime.python)})
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        raise_fd_limit()  # before the capacity, which the descriptor limit bounds
+        self.admission = Admission(
+            derive_capacity(self.config.capacity, self.config.session_memory_mb,
+                            self.config.uid_count, self.config.dense_after),
+            self.config.capacity_wait_s)
         # A recycled cell restarts its pids at 2 through ns_last_pid, so the next session
         # cannot count what earlier ones forked. Kernels built without checkpoint/restore
         # (user-mode-linux's, some minimal ones) lack the file: cells then serve one
@@ -565,6 +642,12 @@ class CellPool:
         if self.closed:
             return
         self.closed = True
+        for cell in list(self._live.values()):  # readers off each socket before it closes
+            if cell.status is not None and self.loop is not None and not self.loop.is_closed():
+                try:
+                    cell.status.close()
+                except Exception:  # the loop may already be gone
+                    pass
         while self._ready:
             cell = self._ready.popleft()
             if cell.go is not None:
@@ -682,8 +765,20 @@ class CellPool:
             self.release(self._ready.popleft())
         self._spawn_zygote()
 
-    @traced_cell_start  # span sandbox.start, starts, start latency (telemetry)
     async def _make_cell(self, net: bool) -> Cell:
+        async with self._starting:
+            return await self._start_cell(net)
+
+    @property
+    def capacity(self) -> int:
+        """Sessions this pool allows open at once (PoolConfig.capacity, or derived from
+        the host at start); openers past it wait (capacity.py)."""
+        if self.admission is None:
+            raise UsageError("the pool is not started: `await pool.start()` first")
+        return self.admission.capacity.sessions
+
+    @traced_cell_start  # span sandbox.start, starts, start latency (telemetry)
+    async def _start_cell(self, net: bool) -> Cell:
         if self.closed:
             raise ZygoteDied("the pool is closed")
         self._ensure_zygote()
@@ -697,19 +792,20 @@ class CellPool:
         except BaseException:
             self.release(cell)
             raise
-        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        # The session socket carries both ways: `go`s to the cell's init, and the status
+        # records that the init and its candidates write (their "status pipe" is the
+        # same socket's other end, passed twice): one descriptor per live cell here.
         go_parent, go_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         cell.go = go_parent
         try:
-            cell.status = FdReader(self.loop, status_r, 4096, cell._status_data)
+            cell.status = SocketReader(self.loop, go_parent, 4096, cell._status_data)
             cell.status.done.add_done_callback(cell._status_eof)
             self.send_zygote({"op": "warm", "cell": cell.id, "net": net},
-                             [status_w, go_child.fileno(), *cg_fds])
+                             [go_child.fileno(), go_child.fileno(), *cg_fds])
         except BaseException:
             self.release(cell)
             raise
         finally:
-            os.close(status_w)
             go_child.close()
             for fd in cg_fds:
                 os.close(fd)
@@ -793,6 +889,8 @@ class CellPool:
         self._refill()
 
     def release(self, cell: Cell) -> None:
+        if cell.status is not None and cell.status.fd >= 0:
+            cell.status.close()  # before its socket closes (the same descriptor)
         if cell.go is not None:
             cell.go.close()  # the cell's init sees EOF, kills everything, exits
             cell.go = None
@@ -800,8 +898,6 @@ class CellPool:
         if cell.files is not None:
             cell.files.close()
             cell.files = None
-        if cell.status is not None and cell.status.fd >= 0:
-            cell.status.close()
         if cell.id not in self._live:
             return  # released already
         self.forget(cell)
