@@ -142,8 +142,9 @@ def _read_url(url: str) -> bytes:
     """A file's bytes through fsspec (gunzipped when gzipped); errors name the URL."""
     import fsspec
 
+    from trialbox.store import objects
     try:
-        with fsspec.open(url, "rb") as f:
+        with fsspec.open(url, "rb", **objects.options(url, {})) as f:
             raw: bytes = f.read()
     except FileNotFoundError:
         raise UsageError(f"task file {url!r} does not exist; check the URL") from None
@@ -151,8 +152,11 @@ def _read_url(url: str) -> bytes:
         raise UsageError(f"cannot open {url!r}: {e}; install the fsspec backend for its "
                          "protocol (s3fs for s3://, gcsfs for gs://) or give a local "
                          "path") from None
-    except OSError as e:
-        raise UsageError(f"cannot read task file {url!r}: {e}") from None
+    except Exception as e:  # OSError, or an object store's own (no credentials...)
+        why = objects.explain(e, url)
+        if why is None and not isinstance(e, OSError):
+            raise
+        raise why or UsageError(f"cannot read task file {url!r}: {e}") from None
     return _gunzip(raw, url)
 
 
