@@ -52,6 +52,9 @@ def _add_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-bytes", type=int, default=None,
                    help="bytes kept per stream; more kills the run")
     p.add_argument("--network", action="store_true", help="give the run the host network")
+    p.add_argument("--net-allow", action="append", default=None, metavar="ADDR:PORT",
+                   help="TCP endpoint the run may reach, ADDR[/PREFIX]:PORT (repeatable); "
+                   "everything else is refused and counted (docs/tiers.md)")
 
 
 def _limits(args: argparse.Namespace) -> Limits:
@@ -63,6 +66,8 @@ def _limits(args: argparse.Namespace) -> Limits:
         changes["cpu_s"] = args.timeout
     if args.network:
         changes["network"] = True
+    if getattr(args, "net_allow", None):
+        changes["net_allow"] = tuple(args.net_allow)
     return Limits(**changes)
 
 

@@ -286,3 +286,19 @@ def test_nothing_of_a_gate_outlives_its_session(tier: Tier) -> None:
         tier.probe((ALLOWED,))
     tier.run(settle())
     assert netns_fds() <= before, (before, netns_fds())
+
+
+def test_exec_cli_takes_an_allow_list(capsys: Any, monkeypatch: Any) -> None:
+    import io
+    import sys
+
+    from trialbox.cli import main
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["exec", "--net-allow", "127.0.0.1:80", "--", "true"]) == 2
+    assert "loopback is its own" in capsys.readouterr().err
+    code = ("import socket\ns = socket.socket()\ns.settimeout(5)\ntry:\n"
+            "    s.connect(('10.77.0.6', 8080))\nexcept OSError as e:\n"
+            "    print(type(e).__name__)")
+    assert main(["exec", "--json", "--net-allow", ALLOWED, "--", "python3", "-c", code]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stdout"] == "ConnectionRefusedError\n", out
