@@ -17,10 +17,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# verl's reward path for tests/integrations/test_verl.py. --no-deps: verl 0.9.1 pins
+# transformers<5.11 (and pulls wandb, hydra, ...) while this venv's TRL wants a newer
+# transformers; verl's reward loader and reward manager need only these few packages.
+VERL := $(VENV)/.verl
+$(VERL): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.2.3 \
+		cloudpickle==3.1.3
+	$(PY) -m pip install --quiet omegaconf==2.4.0
+	touch $(VERL)
+
 demo: system $(STAMP)
 	$(VENV)/bin/trialbox demo
 
-test: system $(STAMP)
+test: system $(STAMP) $(VERL)
 	$(VENV)/bin/ruff check trialbox tests
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests

@@ -1,6 +1,7 @@
 """verl's custom reward function, called as verl's loader does: the file loaded by path
 (`importlib.util.spec_from_file_location`), `compute_score` called with keyword
-arguments. verl itself is not installed here (see docs/integrations.md)."""
+arguments — and by verl 0.9.1 itself (installed by the Makefile): its loader and its
+`NaiveRewardManager`."""
 
 from __future__ import annotations
 
@@ -84,3 +85,50 @@ def test_a_trialbox_server_grades_when_trialbox_url_is_set(
     monkeypatch.setenv("TRIALBOX_TOKEN", "s3cret")  # the server is gone: excluded, not 0
     assert _score(loaded, "    return x + 1\n", ROW) == {"score": 0.0, "passed": 0.0,
                                                          "excluded": 1.0}
+
+
+def test_verl_itself_loads_the_module_and_its_reward_manager_scores_with_it() -> None:
+    """verl 0.9.1 installed (Makefile: `--no-deps`, see there): its own loader,
+    `get_custom_reward_fn` (`custom_reward_function.path/name`), loads this module from
+    its file, and its own `NaiveRewardManager` decodes a `DataProto` batch and puts each
+    response's trialbox score on its last valid token."""
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.workers.reward_manager.naive import NaiveRewardManager
+
+    from trialbox.bench.train import byte_tokenizer_fast
+
+    config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": verl_module.__file__, "name": "compute_score", "reward_kwargs": {}}}})
+    fn = get_custom_reward_fn(config)
+    assert fn is not None
+    tok = byte_tokenizer_fast()
+    responses = ["```python\ndef truncate_number(number: float) -> float:\n"
+                 "    return number % 1.0\n```", "    return 0.5\n", "    return x + 1\n"]
+    truths = ["HumanEval/2", "HumanEval/2", json.dumps(ROW)]
+    prompt = tok.encode("Solve it.")
+    ids = [tok.encode(r) for r in responses]
+    width = max(map(len, ids))
+    resp = torch.tensor([x + [0] * (width - len(x)) for x in ids])
+    mask = torch.tensor([[1] * len(prompt) + [1] * len(x) + [0] * (width - len(x))
+                         for x in ids])
+    batch = DataProto.from_dict(
+        tensors={"prompts": torch.tensor([prompt] * 3), "responses": resp,
+                 "attention_mask": mask},
+        non_tensors={"data_source": np.array(["humaneval"] * 3, dtype=object),
+                     "reward_model": np.array([{"ground_truth": t} for t in truths],
+                                              dtype=object),
+                     "extra_info": np.array([{} for _ in truths], dtype=object)})
+    try:
+        out = NaiveRewardManager(tok, num_examine=0, compute_score=fn)(batch, return_dict=True)
+        scores = out["reward_tensor"]
+        last = [len(x) - 1 for x in ids]
+        assert [float(scores[i, last[i]]) for i in range(3)] == [1.0, 0.0, 1.0]
+        assert float(scores.sum()) == 2.0  # nothing anywhere else
+        assert list(out["reward_extra_info"]["excluded"]) == [0.0, 0.0, 0.0]
+    finally:
+        sys.modules.pop("custom_module", None)
+        verl_module.shutdown()
