@@ -1,0 +1,55 @@
+"""The service takes a `SandboxProvider`, not a CellPool: the app served in-process on
+`FakeProvider` (the layer above the sandbox interface, tested above a fake) — one-shot
+runs lease their session through the scheduler and close it, sessions open from the
+provider, and each request is a journaled task at the interactive tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from trialbox.sandbox.fake import FakeProvider
+from trialbox.service.app import create_app
+from trialbox.service.config import ServiceConfig
+from trialbox.store.journal import Journal
+from trialbox.types import ExecResult, ExecStatus
+
+
+async def echo(argv: list[str], stdin: bytes, files: dict[str, bytes]) -> ExecResult:
+    """'Runs' main.py by echoing its source, so the answer proves which file ran."""
+    return ExecResult(ExecStatus.OK, exit_code=0, stdout=files.get("main.py", b"") + stdin,
+                      tier="fake")
+
+
+def test_app_serves_any_provider(tmp_path: Path) -> None:
+    provider = FakeProvider(echo)
+    journal = str(tmp_path / "service.db")
+    app = create_app(ServiceConfig(journal=journal), provider=provider)
+    with TestClient(app) as client:
+        assert client.get("/readyz").json()["tier"] == "fake"
+        r = client.post("/v1/exec", json={"code": "print(1)", "language": "python",
+                                          "stdin": "!", "fetch_files": ["main.py"]})
+        assert r.status_code == 200, r.text
+        assert r.json()["result"]["stdout"] == "print(1)!"
+        assert r.json()["result"]["tier"] == "fake"
+        fused = client.post("/run_code", json={"code": "x", "language": "python"}).json()
+        assert fused["status"] == "Success" and fused["run_result"]["stdout"] == "x"
+        sid = client.post("/v1/sessions", json={}).json()["session_id"]
+        run = client.post(f"/v1/sessions/{sid}/run", json={"code": "y"}).json()
+        assert run["stdout"] == "y"
+        status = client.get("/v1/status").json()
+        assert status["pool"]["tier"] == "fake"
+        run_id = status["admission"]["scheduler_run"]
+        # grading still needs the namespace tier (the judge takes a CellPool): a clear 503
+        g = client.post("/v1/submissions", json={"task_id": "HumanEval/0", "completion": "x"})
+        assert g.status_code == 503 and "namespace tier" in g.json()["message"]
+    # one-shot sessions closed by the scheduler's lease; the session's closed at shutdown
+    assert len(provider.opened) == 3 and all(sb.closed for sb in provider.opened)
+    with Journal(journal) as j:
+        results = j.results_of(run_id)
+        prio = {p for (p,) in j.conn.execute(
+            "SELECT priority FROM tasks WHERE run_id=?", (run_id,))}
+    assert {tid.split("-")[0] for tid in results} == {"exec", "run_code", "session"}
+    assert all(state == "done" and reward == 1.0 for state, _, reward, _ in results.values())
+    assert prio == {0}
