@@ -35,6 +35,8 @@ need=()
 [ -x /usr/bin/rustc ] || need+=(rustc)
 [ -x /usr/bin/node ] || need+=(nodejs)
 [ -x /usr/bin/tsc ] || need+=(node-typescript)
+#   debootstrap — builds environment images (trialbox image build: a Debian root)
+[ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "setup-system: missing Debian packages: ${need[*]} — run as root or: sudo apt-get install ${need[*]}" >&2

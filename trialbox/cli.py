@@ -210,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_audit_log_parser(sub)  # audit-log query (its handler runs it)
     from trialbox.judge.harbor import add_parser as add_harbor_parser
     add_harbor_parser(sub)  # harbor DIR (its handler runs it)
+    from trialbox.sandbox.image_cli import add_parser as add_image_parser
+    add_image_parser(sub)  # image build|verify|list|show (handlers)
     return parser
 
 

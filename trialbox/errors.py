@@ -16,12 +16,16 @@
     │   ├── sandbox.mounts.PathObstructed  a workspace path is in the way (a directory
     │   │                   where a file goes): in a session, the candidate's doing, so
     │   │                   run_code and the agent turn it into its outcome
-    │   └── sandbox.mounts.WorkspaceFull   a write does not fit in Limits.disk_mb
+    │   ├── sandbox.mounts.WorkspaceFull   a write does not fit in Limits.disk_mb
+    │   └── sandbox.image.ImageSpecError   an image spec (or lock) cannot be built as
+    │                       written: names the package or field to change
     ├── InfraError            the *infrastructure* failed: retry; if it persists,
     │   │                     exclude the sample (reward None, never 0.0)
     │   ├── SandboxUnavailable  this host cannot provide the requested tier
-    │   │   └── sandbox.native.NativeUnavailable  the cells' C hot path cannot be built
-    │   │                                         here (the pool falls back to Python)
+    │   │   ├── sandbox.native.NativeUnavailable  the cells' C hot path cannot be built
+    │   │   │                                     here (the pool falls back to Python)
+    │   │   └── sandbox.image.ImageMismatch  an image is not its baseline (files named):
+    │   │                       not used, no task runs on it until it is rebuilt
     │   ├── SandboxStartError   a sandbox could not be started or set up
     │   ├── ZygoteDied          the warm fork server died
     │   ├── store.journal.JournalError  the journal cannot be written or read

@@ -346,6 +346,9 @@ class Task:
     Mixed into a run to measure how often the policy games the judge."""
     risk: Risk = Risk.ROUTINE
     """Which isolation tier its candidates run in, through `sandbox.tiers.TierPolicy`."""
+    image: str = ""
+    """The environment it must run in: `name@sha256:<content hash or a prefix>` of a built
+    image (docs/images.md), or "" for any. A sandbox on another environment refuses it."""
 
 
 # --------------------------------------------------------------------------- grades
@@ -502,6 +505,9 @@ class Trajectory:
     """Sum of the turns' generation time."""
     env_s: float = 0.0
     """Sum of the turns' environment time (execution and judging)."""
+    environment: str = ""
+    """`Runtime.id` of the environment its code ran and was judged in (an image's
+    `image:<name>@sha256:<hash16>`, or the system interpreter's)."""
     policy_version: int | None = None
     """The trainer's version of the weights that sampled every output token (the number
     of update steps they had seen); None outside training. A batch trained at step s

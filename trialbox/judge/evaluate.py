@@ -212,6 +212,9 @@ class Evaluator:
         task = self.tasks.get(sample["task_id"])
         if task is None:
             return f"unknown task_id {sample['task_id']!r}"
+        from trialbox.sandbox.image_verify import environment_mismatch
+        if why := environment_mismatch(task.image, self.pool.runtime):
+            return f"task {sample['task_id']!r}: {why}"
         if task.kind is TaskKind.STDIO:
             lang = sample.get("language", "python")
             try:
@@ -308,7 +311,13 @@ class Evaluator:
 
     async def row(self, sample: dict[str, Any], grades: list[Grade],
                   reference: Reference) -> dict[str, Any]:
-        """The output row of a sample from its attempts' grades (in repeat order)."""
+        """The output row of a sample from its attempts' grades (in repeat order), with
+        the environment (`Runtime.id`) it ran in."""
+        return {**await self._sample_row(sample, grades, reference),
+                "environment": self.pool.runtime.id}
+
+    async def _sample_row(self, sample: dict[str, Any], grades: list[Grade],
+                          reference: Reference) -> dict[str, Any]:
         task = self.tasks[sample["task_id"]]
         spec = self.reward_spec
         if task.kind is TaskKind.FUNCTION:
@@ -397,6 +406,9 @@ def summarize(tasks: dict[str, Task], rows: list[dict[str, Any]], repeat: int,
         "samples": len(rows),
         "pass@1": round(sum(r["passed"] for r in graded) / len(graded), 6) if graded else None,
         "outcomes": dict(Counter(r["outcome"] for r in rows)),
+        "outcomes_by_environment": {
+            env: dict(Counter(r["outcome"] for r in rows if r.get("environment", "") == env))
+            for env in sorted({r.get("environment", "") for r in rows})},
         "excluded": len(rows) - len(graded),
         "flags": dict(Counter(f for r in rows for f in r["flags"])),
         "repeat": repeat,

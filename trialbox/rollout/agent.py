@@ -490,12 +490,18 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
         env.batcher.finished()
         await env.leaser.end(episode_id)
     return _trajectory(task, episode_id, group_id, prompt_ids, turns, grade, stop_reason,
-                       cfg)
+                       cfg, _environment_id(env.pool))
+
+
+def _environment_id(pool: Any) -> str:
+    """The pool's `Runtime.id` (its image's content hash), "" for a pool without one."""
+    runtime = getattr(pool, "runtime", None)
+    return str(getattr(runtime, "id", "") or "")
 
 
 def _trajectory(task: Task, episode_id: str, group_id: str, prompt_ids: tuple[int, ...],
                 turns: list[Turn], grade: Grade | None, stop_reason: str,
-                cfg: AgentConfig) -> Trajectory:
+                cfg: AgentConfig, environment: str = "") -> Trajectory:
     """Assemble token_ids / loss_mask / old_logprobs from the turns, and the reward."""
     ids, mask, logp = list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids)
     for t in turns:
@@ -518,7 +524,8 @@ def _trajectory(task: Task, episode_id: str, group_id: str, prompt_ids: tuple[in
         old_logprobs=tuple(logp), reward=r, grade=grade,
         passed=grade is not None and grade.passed and stop_reason == "passed",
         group_id=group_id, stop_reason=stop_reason,
-        gen_s=sum(t.gen_s for t in turns), env_s=sum(t.env_s for t in turns))
+        gen_s=sum(t.gen_s for t in turns), env_s=sum(t.env_s for t in turns),
+        environment=environment)
 
 
 # --------------------------------------------------------------------------- rollout

@@ -110,6 +110,8 @@ class NamespaceSandbox:
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"limits must be a trialbox.types.Limits, got "
                              f"{type(limits).__name__}; e.g. Limits(wall_s=2)")
+        if pool.image_guard is not None:  # the image's cheap check (image_verify.py)
+            await pool.image_guard.before_task()
         if limits is not None and limits.net_allow:
             check_node()
         sb = cls(pool, limits or Limits(), base)

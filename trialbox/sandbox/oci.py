@@ -56,6 +56,7 @@ from trialbox.sandbox.seccomp import build_filter
 from trialbox.types import Limits, Runtime
 
 if TYPE_CHECKING:
+    from trialbox.sandbox.image_verify import ImageGuard
     from trialbox.sandbox.ocisession import OciSession
 
 log = logging.getLogger("trialbox.sandbox.oci")
@@ -126,6 +127,10 @@ class OciConfig:
     net_egress: str = ""
     """The network namespace (a path, e.g. /run/netns/mirror) that connections allowed
     by `Limits.net_allow` are made from; empty: the supervisor's own (network.py)."""
+    image: str = ""
+    """A built image's directory (docs/images.md): the container's /usr (and the fork
+    server's interpreter) come from it, verified in full at start and cheaply before each
+    session; the same image the namespace tier takes as PoolConfig.image."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.warm <= 64:
@@ -141,23 +146,27 @@ def _seccomp_file(path: str) -> None:
         f.write(build_filter())
 
 
-def build_rootfs(root: str) -> None:
+def build_rootfs(root: str, src: str = "/") -> None:
     """The read-only root skeleton (the namespace tier's, pool.py) plus /.tb for the
-    fork server."""
-    _build_root_template(root)
+    fork server; `src`: the root whose loader cache and top-level links it takes (an
+    image's rootfs, or the host's)."""
+    _build_root_template(root, src)
     os.makedirs(os.path.join(root, ".tb"), exist_ok=True)
     os.makedirs(os.path.join(root, "sys"), exist_ok=True)
 
 
 def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str,
-                  limits: Limits, cgroup: str | None, uid_base: int) -> dict[str, Any]:
-    """The OCI runtime spec of one session's container."""
+                  limits: Limits, cgroup: str | None, uid_base: int,
+                  src: str = "/") -> dict[str, Any]:
+    """The OCI runtime spec of one session's container; `src`: where /usr (and
+    /etc/alternatives) come from — an image's rootfs, or the host's."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
     mnts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
          "options": ["nosuid", "noexec", "mode=755", "size=64k"]},
-        {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro},
+        {"destination": "/usr", "type": "bind", "source": os.path.join(src, "usr"),
+         "options": ro},
         {"destination": "/.tb", "type": "bind", "source": tb_dir, "options": ro},
         {"destination": "/workspace", "type": "bind", "source": os.path.join(fs, "work"),
          "options": ["rbind", "rw", "nosuid", "nodev"]},
@@ -166,12 +175,13 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
         {"destination": "/dev/shm", "type": "bind", "source": os.path.join(fs, "shm"),
          "options": ["rbind", "rw", "nosuid", "nodev"]},
     ]
-    if os.path.isdir("/etc/alternatives"):
+    if os.path.isdir(os.path.join(src, "etc/alternatives")):
         mnts.insert(3, {"destination": "/etc/alternatives", "type": "bind",
-                        "source": "/etc/alternatives", "options": ro})
+                        "source": os.path.join(src, "etc/alternatives"), "options": ro})
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
-        if os.path.isdir(top) and not os.path.islink(top):
-            mnts.append({"destination": top, "type": "bind", "source": top, "options": ro})
+        host = os.path.join(src, top.lstrip("/"))
+        if os.path.isdir(host) and not os.path.islink(host):
+            mnts.append({"destination": top, "type": "bind", "source": host, "options": ro})
     if engine.name != "runsc":  # runsc makes its own /dev nodes
         for n in DEV_NODES:
             mnts.append({"destination": f"/dev/{n}", "type": "bind", "source": f"/dev/{n}",
@@ -281,7 +291,7 @@ class Container:
         fs = os.path.join(self.sdir, "fs")
         config = bundle_config(p.engine, p.rootfs, p.tb_dir, fs, p.config.python,
                                self.limits, None if p.engine.join_cgroup else self.cgroup,
-                               p.config.uid_base)
+                               p.config.uid_base, p.image_src)
         with open(os.path.join(self.sdir, "config.json"), "w") as f:
             json.dump(config, f)
         if self.limits.net_allow:
@@ -449,6 +459,10 @@ class OciProvider:
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
         self.started = False
+        self.image_guard: ImageGuard | None = None
+        """Verifies `OciConfig.image` (image_verify.py); None without an image."""
+        self.image_src = "/"
+        """Where the containers' /usr comes from: the image's rootfs, or the host's."""
 
     def host_limits(self, limits: Limits) -> Limits:
         """What the session's host cgroup enforces for a run with `limits` (on top of
@@ -481,7 +495,17 @@ class OciProvider:
     def _start_sync(self) -> None:
         self.check()
         self.cgroups = CgroupDriver.detect()
-        self.runtime = system_runtime(self.config.python)
+        if self.config.image:
+            from trialbox.sandbox.image import load_image
+            from trialbox.sandbox.image_root import image_runtime
+            from trialbox.sandbox.image_verify import ImageGuard
+            image = load_image(self.config.image)
+            self.image_guard = ImageGuard(image)
+            self.image_guard.start()  # watch, then hash: ImageMismatch, no start
+            self.runtime = image_runtime(image)
+            self.image_src = image.rootfs
+        else:
+            self.runtime = system_runtime(self.config.python)
         self.python_names = frozenset({"python", "python3", self.config.python,
                                        os.path.realpath(self.config.python)})
         self.reaped = reap_orphans(self.config.state_dir)
@@ -492,7 +516,7 @@ class OciProvider:
         os.chmod(self.dir, 0o711 if self.engine.userns else 0o700)
         with open(os.path.join(self.dir, "engine"), "w") as f:
             f.write(" ".join(self.engine.argv(self.runtime_root)))
-        build_rootfs(self.rootfs)
+        build_rootfs(self.rootfs, self.image_src)
         shutil.copyfile(FORKSERVER, os.path.join(self.tb_dir, "forkserver.py"))
         _seccomp_file(os.path.join(self.tb_dir, "seccomp.bpf"))
         for d in (self.tb_dir,):
@@ -509,6 +533,8 @@ class OciProvider:
             raise UsageError(f"the {self.tier} provider is not started (await "
                              "provider.start()) or already closed")
         limits = limits or self.config.default_limits
+        if self.image_guard is not None:  # the image's cheap check (image_verify.py)
+            await self.image_guard.before_task()
         if limits.net_allow:
             check_node()
         warm_fits = not limits.network and not limits.net_allow
@@ -583,6 +609,8 @@ class OciProvider:
         if self.closed:
             return
         self.closed = True
+        if self.image_guard is not None:
+            self.image_guard.close()
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -599,6 +627,8 @@ class OciProvider:
         if self.closed:
             return
         self.closed = True
+        if self.image_guard is not None:
+            self.image_guard.close()
         for sb in self._ready:
             sb.closed = True
             sb._teardown(sb.container)

@@ -43,6 +43,7 @@ from trialbox.telemetry import traced_cell_start, traced_warm
 from trialbox.types import Limits, Runtime
 
 if TYPE_CHECKING:
+    from trialbox.sandbox.image_verify import ImageGuard
     from trialbox.sandbox.namespace import NamespaceSandbox
     from trialbox.sandbox.snapshot import Snapshot
 
@@ -115,6 +116,14 @@ class PoolConfig:
     max_starting: int = 64
     """Cells being started at once (warm-ups and on-demand alike); more wait their turn
     rather than pile up on the zygote past the cells' 30 s start deadline."""
+    image: str = ""
+    """A built image's directory (`trialbox image build`): the cells' read-only /usr and
+    the zygote's interpreter come from it, every result records its content hash, and it
+    is verified in full at start and cheaply before each session (docs/images.md).
+    Empty: the host's /usr and /usr/bin/python3."""
+    image_verify_s: float = 0.0
+    """With `image`: seconds between periodic full re-hashes (0: only at start and on
+    demand, `pool.image_guard.full()`)."""
 
     def __post_init__(self) -> None:
         if self.native not in ("auto", "on", "off"):
@@ -482,11 +491,15 @@ class CellPool:
         self.admission: Admission | None = None
         """Open sessions against the node's capacity (set at start; capacity.py)."""
         self._starting = asyncio.Semaphore(self.config.max_starting)
+        self.image_guard: ImageGuard | None = None
+        """Verifies `PoolConfig.image` (image_verify.py); None without an image."""
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> CellPool:
         self.loop = asyncio.get_running_loop()
         self._start_sync()
+        if self.image_guard is not None:
+            self.image_guard.start_periodic()
         self._refill()
         return self
 
@@ -498,7 +511,10 @@ class CellPool:
         if sys.platform != "linux":
             raise SandboxUnavailable("the namespace tier needs Linux")
         self.cgroups = CgroupDriver.detect()
-        self.runtime = system_runtime(self.config.python)
+        if self.config.image:
+            self._start_image()
+        else:
+            self.runtime = system_runtime(self.config.python)
         self.python_names = frozenset({"python", "python3", self.runtime.python,
                                        os.path.realpath(self.runtime.python)})
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -522,10 +538,24 @@ class CellPool:
         # path naming the pool.
         os.makedirs(self.root, exist_ok=True)
         mounts.mount_tmpfs(self.root, 4 << 20, uid=0, mode=0o755)
-        _build_root_template(self.root)
+        if self.image_guard is not None:
+            from trialbox.sandbox.image_root import prepare_template
+            prepare_template(self.image_guard.image, self.root)
+        _build_root_template(self.root, self.image_guard.image.rootfs
+                             if self.image_guard is not None else "/")
         self.native_path = self._build_native()
         self._spawn_zygote()
         self.started = True
+
+    def _start_image(self) -> None:
+        """Load `PoolConfig.image` and verify it in full before any cell exists."""
+        from trialbox.sandbox.image import load_image
+        from trialbox.sandbox.image_root import image_runtime
+        from trialbox.sandbox.image_verify import ImageGuard
+        image = load_image(self.config.image)
+        self.image_guard = ImageGuard(image, self.config.image_verify_s)
+        self.image_guard.start()  # watch, then hash: ImageMismatch, the pool does not start
+        self.runtime = image_runtime(image)
 
     def _build_native(self) -> str | None:
         """cell.c built and copied into this pool's root-only state dir, or None (the
@@ -557,8 +587,12 @@ class CellPool:
             script = os.path.join(self.dir, "zygote.py")
             shutil.copyfile(ZYGOTE, script)
             script_fd = os.open(script, os.O_RDONLY)
+            preexec = None
+            if self.image_guard is not None:
+                from trialbox.sandbox.image_root import zygote_preexec
+                preexec = zygote_preexec(self.image_guard.image)
             self._zproc = subprocess.Popen(
-                [self.config.python, "-I", "-B", f"/dev/fd/{script_fd}"],
+                [self.config.python, "-I", "-B", f"/dev/fd/{script_fd}"], preexec_fn=preexec,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
                 pass_fds=[child.fileno(), script_fd], cwd="/", close_fds=True,
                 env={"LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin",
@@ -574,11 +608,16 @@ class CellPool:
         for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
             if os.path.isdir(top) and not os.path.islink(top):
                 ro_binds.append([top, top])
+        env = BASE_ENV
+        if self.image_guard is not None:
+            from trialbox.sandbox.image_root import ro_binds as image_binds
+            ro_binds = image_binds(self.image_guard.image)
+            env = {**BASE_ENV, **dict(self.image_guard.image.env)}
         dev_binds = [[f"/dev/{n}", f"/dev/{n}"] for n in DEV_NODES]
         config = {"op": "config", "root": self.root, "ro_binds": ro_binds,
                   "dev_binds": dev_binds, "hostname": "sandbox",
                   "seccomp": build_filter().hex(), "preload": list(self.config.preload),
-                  "env": BASE_ENV, "mounts": MOUNT_TARGETS,
+                  "env": env, "mounts": MOUNT_TARGETS,
                   "preload_sources": [list(x) for x in self.config.preload_sources],
                   "native": self.native_path}
         import json
@@ -648,6 +687,8 @@ class CellPool:
                     cell.status.close()
                 except Exception:  # the loop may already be gone
                     pass
+        if self.image_guard is not None:
+            self.image_guard.close()
         while self._ready:
             cell = self._ready.popleft()
             if cell.go is not None:
@@ -1030,7 +1071,7 @@ def etc_runtime_dirs() -> list[str]:
                   if os.path.isdir(d) and not os.path.islink(d))
 
 
-def _build_root_template(root: str) -> None:
+def _build_root_template(root: str, src: str = "/") -> None:
     """The skeleton each cell binds read-only as `/`: mount points, a few /etc files.
 
     Only the declared runtime (/usr, plus /etc/alternatives and the loader cache that
@@ -1040,7 +1081,7 @@ def _build_root_template(root: str) -> None:
               *(e.lstrip("/") for e in etc_runtime_dirs())):
         os.makedirs(os.path.join(root, d), mode=0o755, exist_ok=True)
     for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
-        host = "/" + top
+        host = os.path.join(src, top)
         target = os.path.join(root, top)
         if os.path.islink(host):
             if not os.path.lexists(target):
@@ -1057,8 +1098,8 @@ def _build_root_template(root: str) -> None:
         with open(os.path.join(root, rel), "w") as f:
             f.write(text)
     for rel in ("etc/ld.so.cache", "etc/ld.so.conf"):
-        if os.path.isfile("/" + rel):
-            shutil.copyfile("/" + rel, os.path.join(root, rel))
+        if os.path.isfile(os.path.join(src, rel)):
+            shutil.copyfile(os.path.join(src, rel), os.path.join(root, rel))
     if not os.path.lexists(os.path.join(root, "etc/localtime")):
         os.symlink("/usr/share/zoneinfo/Etc/UTC", os.path.join(root, "etc/localtime"))
     for n in DEV_NODES:

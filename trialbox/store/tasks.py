@@ -78,10 +78,10 @@ HUMANEVAL = "humaneval"
 """The spec `load_tasks` reads as the bundled HumanEval set."""
 
 _STDIO_KEYS = {"task_id", "kind", "prompt", "tests", "compare", "float_tol", "checker",
-               "canonical_solution", "canary", "risk"}
+               "canonical_solution", "canary", "risk", "image"}
 _STDIO_TEST_KEYS = {"stdin", "expected", "hidden"}
 _REPO_KEYS = {"task_id", "kind", "prompt", "files", "test_files", "hidden_test_files",
-              "test_command", "canonical_solution", "canary", "risk"}
+              "test_command", "canonical_solution", "canary", "risk", "image"}
 _TASK_SET_KEYS = {"risk"}
 _MAX_TREE_BYTES = 64 << 20
 
@@ -344,7 +344,7 @@ def _function_task(row: dict[str, Any], task_id: str, where: str, source: str) -
     return Task(task_id=task_id, kind=TaskKind.FUNCTION, prompt=prompt,
                 entry_point=entry_point, hidden_tests=tests, test_setup=setup,
                 canonical_solution=_optional_text(row, "canonical_solution", where),
-                source=source, canary=_canary(row, where))
+                source=source, canary=_canary(row, where), image=_image(row, where))
 
 
 def _stdio_task(row: dict[str, Any], task_id: str, where: str, source: str) -> Task:
@@ -371,7 +371,8 @@ def _stdio_task(row: dict[str, Any], task_id: str, where: str, source: str) -> T
     return Task(task_id=task_id, kind=TaskKind.STDIO, prompt=prompt, visible_tests=visible,
                 hidden_tests=hidden, compare=compare, checker=checker,
                 canonical_solution=_optional_text(row, "canonical_solution", where),
-                float_tol=_float_tol(row, where), source=source, canary=_canary(row, where))
+                float_tol=_float_tol(row, where), source=source, canary=_canary(row, where),
+                image=_image(row, where))
 
 
 def _stdio_tests(row: dict[str, Any],
@@ -456,7 +457,7 @@ def _repo_task(row: dict[str, Any], task_id: str, where: str, source: str,
     return Task(task_id=task_id, kind=TaskKind.REPO, prompt=prompt, files=trees["files"],
                 test_files=trees["test_files"], hidden_test_files=trees["hidden_test_files"],
                 test_command=("pytest",), canonical_solution=canonical, source=source,
-                canary=_canary(row, where))
+                canary=_canary(row, where), image=_image(row, where))
 
 
 def _tree(row: dict[str, Any], key: str, where: str, base: Path) -> dict[str, bytes]:
@@ -529,6 +530,20 @@ def _float_tol(row: dict[str, Any], where: str) -> float:
         raise UsageError(f"{where}: field 'float_tol' must be a finite number >= 0, got "
                          f"{value!r}")
     return float(value)
+
+
+def _image(row: dict[str, Any], where: str) -> str:
+    """The task's declared environment: `name@sha256:<hex>` (docs/images.md)."""
+    value = row.get("image", "")
+    if value == "":
+        return ""
+    import re
+    if not isinstance(value, str) or not re.match(
+            r"^[a-z0-9][a-z0-9.+-]*@sha256:[0-9a-f]{12,64}$", value):
+        raise UsageError(f"{where}: field 'image' must be 'name@sha256:<at least 12 hex of "
+                         f"the content hash>' (`trialbox image list` shows them), got "
+                         f"{value!r}")
+    return value
 
 
 def _canary(row: dict[str, Any], where: str) -> bool:
