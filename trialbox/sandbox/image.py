@@ -423,10 +423,11 @@ def _pyver(root: str) -> str:
     return libs[-1]
 
 
-def _pip_install(spec: ImageSpec, root: str) -> None:
+def _pip_install(spec: ImageSpec, target: str) -> None:
+    """pip's hash-checked install into `target` (a staging directory: a bad pin fails
+    here, in seconds, before the base is copied)."""
     if not spec.pip:
         return
-    target = os.path.join(root, "usr/local/lib", _pyver(root), "dist-packages")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as req:
         for p in spec.pip:
             req.write(f"{p.name}=={p.version} " +
@@ -565,6 +566,8 @@ def build(spec: ImageSpec, store: str = DEFAULT_STORE, lock: dict[str, Any] | No
     """Build `spec` into `store`; with `lock`, the result must resolve to exactly the
     lock's versions (else ImageSpecError naming each package that moved)."""
     t0 = time.monotonic()
+    if lock is not None:
+        spec_against_lock(spec, lock)
     check_debs_offered(spec)
     os.makedirs(store, exist_ok=True)
     base = os.path.join(store, ".base", spec.base_key())
@@ -582,8 +585,14 @@ def build(spec: ImageSpec, store: str = DEFAULT_STORE, lock: dict[str, Any] | No
     work = tempfile.mkdtemp(prefix=".build-", dir=store)
     try:
         root = os.path.join(work, "rootfs")
+        site = os.path.join("usr/local/lib", _pyver(base) if spec.pip else "", "dist-packages")
+        staged = os.path.join(work, "pip")
+        _pip_install(spec, staged)
         _run(["cp", "-a", "--reflink=auto", base, root], "copying the base")
-        _pip_install(spec, root)
+        if spec.pip:
+            os.makedirs(os.path.join(root, site), exist_ok=True)
+            _run(["cp", "-a", staged + "/.", os.path.join(root, site)], "adding pip's files")
+            shutil.rmtree(staged)
         _add_files(spec, root)
         _check_runtimes(spec, root)
         _normalise(root)
@@ -623,6 +632,12 @@ def build(spec: ImageSpec, store: str = DEFAULT_STORE, lock: dict[str, Any] | No
         raise
 
 
+def reseal(image: Image) -> None:
+    """Take the lstat seal again (after a full check passed: a file changed and changed
+    back has the same bytes but a new ctime)."""
+    _seal_again(image.dir)
+
+
 def _seal_again(final: str) -> None:
     """Renaming the build directory moves no entry's ctime, but take the seal after the
     rename anyway: it is what the cheap check compares."""
@@ -630,6 +645,19 @@ def _seal_again(final: str) -> None:
     seal = {rel: [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
             for rel, st in im.walk(root)}
     im.save(os.path.join(final, "seal.json"), seal)
+
+
+def spec_against_lock(spec: ImageSpec, lock: dict[str, Any]) -> None:
+    """Before building: a pin of the spec that its lock contradicts (the spec was
+    edited since the lock was taken)."""
+    bad = [f"[debs] {p} = {v} but the lock has {lock.get('debs', {}).get(p, 'none')}"
+           for p, v in spec.debs if lock.get("debs", {}).get(p) != v]
+    bad += [f"[pip] {p.name} = {p.version} but the lock has "
+            f"{lock.get('pip', {}).get(p.name.lower(), 'none')}"
+            for p in spec.pip if lock.get("pip", {}).get(p.name.lower()) != p.version]
+    if bad:
+        raise ImageSpecError("the spec and the lock disagree: " + "; ".join(bad) +
+                             " (build without the lock to take the spec's versions)")
 
 
 def lock_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
