@@ -154,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "last line printed is a JSON summary.")
     e.add_argument("--tasks", required=True, help="'humaneval' or a .jsonl[.gz] task file")
     e.add_argument("--samples", required=True, help="samples .jsonl")
+    e.add_argument("--image", default="", help="a built image's directory (trialbox image "
+                   "build): the sandboxes' root and interpreter, verified before use")
     e.add_argument("--out", required=True, help="where to write the graded rows (.jsonl)")
     e.add_argument("--repeat", type=int, default=1,
                    help="grade each sample N times and report determinism")
@@ -308,7 +310,8 @@ async def _eval(args: argparse.Namespace) -> int:
                                          reward=args.reward, time_scale=args.time_scale,
                                          amplified=args.amplified)
         journal = open_run(args.db, args.run, fingerprint, args.resume)
-    pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32))).start()
+    pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32),
+                                            image=args.image)).start()
     try:
         if journal is not None:
             ev = Evaluator(tasks, pool, workers=args.workers, config=config,

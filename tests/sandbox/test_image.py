@@ -287,3 +287,52 @@ def test_an_image_that_is_not_built_is_named():
         img.load_image("/nonexistent")
     with pytest.raises(img.ImageSpecError, match="trialbox image build"):
         run(CellPool(PoolConfig(warm=0, image="/nonexistent")).start())
+
+
+def test_a_task_names_its_environment_in_its_row(tmp_path):
+    import json
+
+    from trialbox.errors import UsageError
+    from trialbox.store.tasks import load_tasks
+    row = {"task_id": "t1", "kind": "stdio", "prompt": "echo", "tests": [
+        {"stdin": "a", "expected": "a"}], "image": "tb-test-min@sha256:" + "ab" * 8}
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    assert load_tasks(str(f))[0].image == "tb-test-min@sha256:" + "ab" * 8
+    f.write_text(json.dumps({**row, "image": "tb-test-min"}) + "\n")
+    with pytest.raises(UsageError, match="field 'image' must be 'name@sha256:"):
+        load_tasks(str(f))
+
+
+@pytest.mark.parametrize("tier", ["container", "gvisor"])
+def test_the_oci_tiers_run_the_same_image(image, tier):
+    """The same image definition as the container's rootfs: its python binary, its pip
+    package, its /etc; a tampered image refused there too."""
+    from trialbox.sandbox.container import ContainerProvider
+    from trialbox.sandbox.gvisor import GVisorProvider
+    from trialbox.sandbox.oci import OciConfig
+    python_sha = im.file_sha256(os.path.join(image.rootfs, "usr/bin/python3.11"))
+
+    async def body() -> None:
+        config = OciConfig(warm=0, image=image.dir)
+        p = ContainerProvider(config, runtime="crun") if tier == "container" \
+            else GVisorProvider(config)
+        await p.start()
+        try:
+            sb = await p.open(LIMITS)
+            try:
+                r = await sb.exec(["python3", "-c",
+                                   "import hashlib, tabulate; print(hashlib.sha256(open("
+                                   "'/proc/self/exe','rb').read()).hexdigest(), tabulate."
+                                   "__version__, open('/etc/trialbox-image').read())"])
+            finally:
+                await sb.close()
+            assert r.ok and r.stdout_text.split() == [python_sha, "0.8.10", "tb-test-min"], r
+            assert r.runtime == image.id
+            with Tamper(image, JSON_INIT):
+                with pytest.raises(img.ImageMismatch, match=JSON_INIT):
+                    await p.open(LIMITS)
+        finally:
+            await p.close()
+
+    run(body())

@@ -516,6 +516,9 @@ class OciProvider:
         os.chmod(self.dir, 0o711 if self.engine.userns else 0o700)
         with open(os.path.join(self.dir, "engine"), "w") as f:
             f.write(" ".join(self.engine.argv(self.runtime_root)))
+        if self.image_guard is not None:
+            from trialbox.sandbox.image_root import prepare_template
+            prepare_template(self.image_guard.image, self.rootfs)
         build_rootfs(self.rootfs, self.image_src)
         shutil.copyfile(FORKSERVER, os.path.join(self.tb_dir, "forkserver.py"))
         _seccomp_file(os.path.join(self.tb_dir, "seccomp.bpf"))
