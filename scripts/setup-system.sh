@@ -22,6 +22,9 @@ need=()
 [ -x /usr/sbin/runc ] || need+=(runc)
 [ -x /usr/bin/crun ] || need+=(crun)
 [ -x /usr/bin/linux ] || need+=(user-mode-linux)
+#   prometheus — its `promtool test rules` checks the shipped alert rules
+#                (trialbox/telemetry/alerts.yml) in tests/telemetry/test_alerts.py
+[ -x /usr/bin/promtool ] || need+=(prometheus)
 #   nftables, iproute2 — network allow-lists (Limits.net_allow): the gateway namespace's
 #           filter and counter (nft), the veth pair and routes (ip)
 [ -x /usr/sbin/nft ] || need+=(nftables)

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from trialbox.telemetry import Metrics, pool_cells
+from trialbox.telemetry import Metrics, alerts, pool_cells
 from trialbox.telemetry.metrics import infra_ratio, task_counts
 from trialbox.telemetry.tracing import recent_spans
 
@@ -101,6 +101,8 @@ def summary(metrics: Metrics, service: Any | None = None,
         "events": list(reversed(recent["events"]))[:50],
         "runs": runs,
         "service": service_view(service),
+        # alerts.yml's rules evaluated in-process (telemetry/alerts.py): pending/firing
+        "alerts": [a.to_json() for a in alerts.evaluator().evaluate(metrics, now)],
     }
 
 

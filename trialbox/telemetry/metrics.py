@@ -21,6 +21,14 @@ counts. Lower layers never touch the instruments directly: they call the small
     trialbox_infra_failure_ratio             gauge    infra share of the last 5 min
     trialbox_train_steps_total{run}          counter  training steps
     trialbox_train_reward_mean{run}          gauge    mean reward of the last step
+    trialbox_node_up{node}                   gauge    1 while a node serves, 0 once lost
+                                                      (`set_node_up`: trialbox.cluster)
+    trialbox_sessions{state}                 gauge    open / waiting sessions of the
+                                                      watched pools (capacity.py)
+    trialbox_session_capacity                gauge    sessions those pools allow open
+
+alerts.yml holds Prometheus alert rules over these; alerts.py evaluates the same
+conditions in-process for the dashboard.
 
 Why the extra in-memory series (`Recent`): the dashboard needs throughput, latency
 percentiles and reward distributions *over time*, which a scrape of counters cannot
@@ -91,6 +99,20 @@ def unwatch(name: str) -> None:
     """Stop reporting a queue or task source registered under `name`."""
     _queues.pop(name, None)
     _task_sources.pop(name, None)
+
+
+def pool_sessions() -> dict[str, int]:
+    """Sessions of every live watched pool against its capacity: open, waiting (for a
+    place past capacity), capacity."""
+    out = {"open": 0, "waiting": 0, "capacity": 0}
+    for pool in list(_pools):
+        admission = getattr(pool, "admission", None)
+        if getattr(pool, "closed", False) or admission is None:
+            continue
+        out["open"] += int(admission.open)
+        out["waiting"] += int(admission.waiting)
+        out["capacity"] += int(admission.capacity.sessions)
+    return out
 
 
 def pool_cells() -> dict[str, int]:
@@ -179,6 +201,9 @@ class Metrics:
         self.train_reward = Gauge("trialbox_train_reward_mean",
                                   "Mean reward of the run's last training step", ["run"],
                                   registry=r)
+        self.node_up = Gauge("trialbox_node_up",
+                             "1 while a node serves work, 0 once it is presumed lost",
+                             ["node"], registry=r)
         self.tasks: dict[str, int] = {}
         """Task counts by state, maintained by `task_moved` / `set_tasks`."""
         r.register(_LiveCollector(self))
@@ -203,6 +228,18 @@ class Metrics:
             for s in metric.samples:
                 out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
         return out
+
+    def set_node_up(self, node: str, up: bool) -> None:
+        """`trialbox_node_up{node}`: 1 while `node` serves work, 0 once it is presumed
+        lost (what TrialboxNodeDown in alerts.yml watches)."""
+        self.node_up.labels(node).set(1.0 if up else 0.0)
+
+    def forget_node(self, node: str) -> None:
+        """A node that left cleanly (drained): no series, so no alert."""
+        try:
+            self.node_up.remove(node)
+        except KeyError:
+            pass
 
     def value(self, name: str, **labels: str) -> float:
         """One sample's value (0.0 when absent), e.g.
@@ -265,6 +302,16 @@ class _LiveCollector:
         for state, n in pool_cells().items():
             cells.add_metric([state], n)
         yield cells
+        sessions = pool_sessions()
+        open_waiting = GaugeMetricFamily(
+            "trialbox_sessions", "Open sandbox sessions, and openers waiting for a place "
+            "past the node's capacity", labels=["state"])
+        open_waiting.add_metric(["open"], sessions["open"])
+        open_waiting.add_metric(["waiting"], sessions["waiting"])
+        yield open_waiting
+        yield GaugeMetricFamily("trialbox_session_capacity",
+                                "Sandbox sessions the watched pools allow open at once",
+                                value=sessions["capacity"])
         queues = GaugeMetricFamily("trialbox_queue_depth", "Items waiting in a queue",
                                    labels=["queue"])
         for name, depth in list(_queues.items()):

@@ -42,6 +42,17 @@ function Events({ events, traceUrl }) {
     </tr>`)}</tbody></table>`;
 }
 
+function Alerts({ alerts }) {
+  // alerts.yml's rules, evaluated in-process by the server (trialbox/telemetry/alerts.py)
+  if (!alerts.length) return html`<div class="muted" data-testid="alerts">no alert pending or firing</div>`;
+  return html`<table data-testid="alerts"><thead><tr><th>alert</th><th>state</th><th>value</th><th>since</th></tr></thead>
+    <tbody>${alerts.map((a) => html`<tr title=${a.description}>
+      <td><span class=${"tag " + (a.state === "firing" ? "infra" : "flag")}>${a.name}</span>
+        ${Object.entries(a.labels).map(([k, v]) => html` <span class="muted">${k}=${v}</span>`)}</td>
+      <td data-testid=${"alert-" + a.name}>${a.state} (${a.severity})</td><td>${fmt(a.value, 3)}</td>
+      <td class="muted">${ago(a.since)}</td></tr>`)}</tbody></table>`;
+}
+
 function Kv({ rows }) {
   return html`<div class="kv">${rows.map(([k, v, id]) => html`
     <span class="k">${k}</span><span data-testid=${id}>${v}</span>`)}</div>`;
@@ -115,6 +126,7 @@ function App() {
         <tr><td><span class="tag flag">${f}</span></td><td>${fmt(n)}</td></tr>`)}</tbody></table>` : html`<div class="muted">none fired</div>`}</div>
       <div class="card"><h2>Recent failures and flags</h2><${Events} events=${d.events} traceUrl=${d.config.trace_url} /></div>
     </div>
+    <div class="card"><h2>Alerts</h2><${Alerts} alerts=${d.alerts || []} /></div>
     <div class="card"><h2>Training runs</h2>${d.runs.length ? html`<table data-testid="runs"><thead><tr><th>run</th><th>steps</th><th>last step</th><th>reward mean</th></tr></thead>
       <tbody>${d.runs.map((r) => html`<tr><td><a href=${"/runs/" + encodeURIComponent(r.run_id)}>${r.run_id}</a></td>
         <td>${fmt(r.steps)}</td><td>${fmt(r.last_step)}</td><td>${fmt(r.reward_mean, 3)}</td></tr>`)}</tbody></table>`
