@@ -22,9 +22,9 @@ How (all detached mounts, held as fds: nothing of a snapshot has a host path):
     parent   after a snapshot it carries on the same way: a fresh upper over the
              layers it just froze
 
-Snapshots serialise to an artifact store (`save`/`load`): one `.tar.zst` of the
-flattened layers and a `.json` of metadata with the archive's sha256, checked before
-anything is extracted.
+Snapshots serialise to an artifact store (`save`/`load`, the format in
+snapshot_archive.py): one `.tar.zst` of the flattened layers and a `.json` of metadata
+with the archive's sha256, checked before anything is extracted.
 """
 
 from __future__ import annotations
@@ -34,19 +34,15 @@ import errno
 import hashlib
 import json
 import os
-import stat
-import subprocess
-import tarfile
-import tempfile
-import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping
-from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from trialbox.errors import SandboxStartError, UsageError
 from trialbox.sandbox import mounts
+from trialbox.sandbox import snapshot_archive as archive
 from trialbox.types import Limits
 
 if TYPE_CHECKING:
@@ -60,8 +56,6 @@ takes 500, but every lookup of a missing name walks them all)."""
 FREEZE_WAIT_S = 1.0
 """How long a snapshot waits for files still open for writing (only a descriptor kept
 alive past its run holds one) before it gives up."""
-FORMAT = "trialbox-snapshot/1"
-ARCHIVE_ROOT = "root"
 OVERLAY_OPTIONS: list[tuple[str, str | int | None]] = [
     ("redirect_dir", "on"),  # renaming a directory from a lower layer works (not EXDEV)
     ("index", "off"), ("metacopy", "off"), ("xino", "off")]
@@ -267,8 +261,8 @@ class Snapshot:
         any machine with a namespace-tier pool."""
         self._check_open()
         layer_fds = [layer.fd for layer in self.layers]
-        meta = await asyncio.to_thread(_save, store, name, layer_fds)
-        meta.update(format=FORMAT, id=self.id, layers=len(layer_fds),
+        meta = await asyncio.to_thread(archive.save_layers, store, name, layer_fds)
+        meta.update(format=archive.FORMAT, id=self.id, layers=len(layer_fds),
                     limits=_limits_dict(self.limits), runtime=self.pool.runtime.id)
         store.put(f"{name}.json", json.dumps(meta, indent=1, sort_keys=True).encode())
         return meta
@@ -284,14 +278,15 @@ class Snapshot:
             meta = json.loads(store.get(f"{name}.json"))
         except ValueError as e:
             raise UsageError(f"snapshot metadata {name}.json is not JSON: {e}") from e
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise UsageError(f"{name}.json is not a trialbox snapshot ({FORMAT}); save "
+        if not isinstance(meta, dict) or meta.get("format") != archive.FORMAT:
+            raise UsageError(f"{name}.json is not a trialbox snapshot ({archive.FORMAT}); save "
                              "it with Snapshot.save")
         if meta["tmpfs_bytes"] > max_mb << 20:
             raise UsageError(f"snapshot {name} unpacks to {meta['tmpfs_bytes'] >> 20} MiB, "
                              f"above max_mb={max_mb}; raise max_mb to load it")
         owner = restored_owner(pool)
-        layer = await asyncio.to_thread(_load, store, name, meta, owner)
+        fd = await asyncio.to_thread(archive.load_tree, store, name, meta, owner)
+        layer = Layer(fd, owner, _used_bytes(fd))
         limits = Limits(**meta["limits"]) if meta.get("limits") else Limits()
         return cls(pool, [layer], limits, snapshot_id=str(meta.get("id") or "") or None)
 
@@ -342,225 +337,6 @@ async def take(sb: NamespaceSandbox) -> Snapshot:
 def _inodes(limits: Limits) -> int:
     from trialbox.sandbox.namespace import session_inodes
     return session_inodes(limits)
-
-
-# ------------------------------------------------------------------ serialisation
-
-def _flat_view(layer_fds: list[int]) -> tuple[int, bool]:
-    """A read-only mount showing the layers merged (an overlay without an upper), or
-    the one layer itself; and whether the fd is ours to close."""
-    if len(layer_fds) == 1:
-        return layer_fds[0], False
-    opts: list[tuple[str, str | int | None]] = [("lowerdir+", fd) for fd in layer_fds]
-    return mounts.new_mount("overlay", opts + [("redirect_dir", "follow")],
-                            mounts.MOUNT_ATTR_RDONLY | mounts.MOUNT_ATTR_NOSUID |
-                            mounts.MOUNT_ATTR_NODEV), True
-
-
-def _walk(root: str) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of everything under `root`, each directory before what
-    it holds, names sorted (the same tree gives the same archive)."""
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        subdirs = []
-        with os.scandir(os.path.join(root, rel) if rel else root) as it:
-            entries = sorted(it, key=lambda e: e.name)
-        for entry in entries:
-            path = f"{rel}/{entry.name}" if rel else entry.name
-            st = entry.stat(follow_symlinks=False)
-            yield path, st
-            if stat.S_ISDIR(st.st_mode):
-                subdirs.append(path)
-        stack.extend(reversed(subdirs))
-
-
-def _tar_tree(root: str, out: IO[bytes]) -> dict[str, int]:
-    """Write the tree under `root` as a tar stream (members under ARCHIVE_ROOT/)."""
-    files = entries = size = pages = 0
-    links: dict[tuple[int, int], str] = {}
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for rel, st in _walk(root):
-            info = tarfile.TarInfo(f"{ARCHIVE_ROOT}/{rel}")
-            info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
-            entries += 1
-            pages += 4096
-            if stat.S_ISDIR(st.st_mode):
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            elif stat.S_ISLNK(st.st_mode):
-                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(os.path.join(root, rel))
-                tar.addfile(info)
-            elif stat.S_ISFIFO(st.st_mode):
-                info.type = tarfile.FIFOTYPE
-                tar.addfile(info)
-            elif stat.S_ISREG(st.st_mode):
-                key = (st.st_dev, st.st_ino)
-                if st.st_nlink > 1 and key in links:
-                    info.type, info.linkname = tarfile.LNKTYPE, links[key]
-                    tar.addfile(info)
-                    continue
-                links[key] = info.name
-                info.size = st.st_size
-                files += 1
-                size += st.st_size
-                pages += -(-st.st_size // 4096) * 4096
-                fd = os.open(os.path.join(root, rel), os.O_RDONLY | os.O_NOFOLLOW |
-                             os.O_CLOEXEC)
-                with os.fdopen(fd, "rb") as f:
-                    tar.addfile(info, f)
-            # sockets (and nothing else can be there) are not state: left out
-    return {"files": files, "entries": entries, "bytes": size, "tmpfs_bytes": pages}
-
-
-def _save(store: ArtifactStore, name: str, layer_fds: list[int]) -> dict[str, Any]:
-    view, own = _flat_view(layer_fds)
-    try:
-        zstd = subprocess.Popen(["zstd", "-q", "-3", "-T0", "-c"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)
-        assert zstd.stdin is not None and zstd.stdout is not None
-        counts: dict[str, int] = {}
-        failure: list[BaseException] = []
-
-        def feed() -> None:
-            assert zstd.stdin is not None
-            try:
-                counts.update(_tar_tree(f"/proc/self/fd/{view}", zstd.stdin))
-            except BaseException as e:  # reported below, on the caller's thread
-                failure.append(e)
-            finally:
-                zstd.stdin.close()
-
-        feeder = threading.Thread(target=feed, name="trialbox-snapshot-tar")
-        feeder.start()
-        digest, compressed = hashlib.sha256(), 0
-        with store.open(f"{name}.tar.zst", "wb") as f:
-            while chunk := zstd.stdout.read(1 << 20):
-                digest.update(chunk)
-                compressed += len(chunk)
-                f.write(chunk)
-        feeder.join()
-        if zstd.wait() != 0 or failure:
-            raise SandboxStartError(f"could not archive snapshot {name}: "
-                                    f"{failure[0] if failure else 'zstd failed'}")
-    finally:
-        if own:
-            os.close(view)
-    return dict(counts, archive=f"{name}.tar.zst", sha256=digest.hexdigest(),
-                compressed_bytes=compressed, saved_at=time.time())
-
-
-def _load(store: ArtifactStore, name: str, meta: Mapping[str, Any], owner: int) -> Layer:
-    with tempfile.TemporaryFile() as tmp:
-        digest = hashlib.sha256()
-        with store.open(str(meta.get("archive") or f"{name}.tar.zst"), "rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                tmp.write(chunk)
-        if digest.hexdigest() != meta.get("sha256"):
-            raise UsageError(f"snapshot archive {name}.tar.zst does not match its metadata "
-                             f"(sha256 {digest.hexdigest()}, expected {meta.get('sha256')}): "
-                             "it was changed or cut short; save the snapshot again")
-        tmp.seek(0)
-        size = int(meta["tmpfs_bytes"]) + (1 << 20)
-        fs = mounts.new_mount("tmpfs", [("size", str(size)),
-                                        ("nr_inodes", str(int(meta["entries"]) + 64)),
-                                        ("mode", "755")])
-        try:
-            zstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=tmp,
-                                    stdout=subprocess.PIPE)
-            assert zstd.stdout is not None
-            try:
-                _untar(zstd.stdout, fs, owner, name)
-            finally:
-                zstd.stdout.close()
-                if zstd.wait() != 0:
-                    raise UsageError(f"snapshot archive {name}.tar.zst is not valid zstd")
-            mounts.freeze_superblock(fs)
-            mounts.set_mount_attrs(fs, mounts.MOUNT_ATTR_RDONLY | mounts.MOUNT_ATTR_NOSUID |
-                                   mounts.MOUNT_ATTR_NODEV)
-            return Layer(fs, owner, _used_bytes(fs))
-        except BaseException:
-            os.close(fs)
-            raise
-
-
-def _untar(stream: IO[bytes], root: int, owner: int, name: str) -> None:
-    """Extract a snapshot archive under `root` without ever following a link: every
-    parent is walked with O_NOFOLLOW (mounts._open_dir_chain), members outside
-    ARCHIVE_ROOT/, with '..' or of other types are refused."""
-    dirs: list[tuple[list[str], int, int]] = []
-    try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for m in tar:
-                parts = _member_parts(m.name, name)
-                if not parts:
-                    continue
-                mode = m.mode & 0o1777  # never setuid/setgid (and the mount is nosuid)
-                if m.isdir():
-                    dfd = mounts._open_dir_chain(root, parts, True, owner)
-                    os.close(dfd)
-                    dirs.append((parts, mode, int(m.mtime)))
-                    continue
-                dfd = mounts._open_dir_chain(root, parts[:-1], True, owner)
-                try:
-                    leaf = parts[-1]
-                    if m.isreg():
-                        src = tar.extractfile(m)
-                        assert src is not None
-                        fd = os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
-                                     os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-                        with os.fdopen(fd, "wb") as out:
-                            while chunk := src.read(1 << 20):
-                                out.write(chunk)
-                            out.flush()  # before the mtime is set
-                            os.fchmod(fd, mode)
-                            os.fchown(fd, owner, owner)
-                            os.utime(fd, (m.mtime, m.mtime))
-                    elif m.issym():
-                        os.symlink(m.linkname, leaf, dir_fd=dfd)
-                        os.chown(leaf, owner, owner, dir_fd=dfd, follow_symlinks=False)
-                    elif m.islnk():
-                        target = _member_parts(m.linkname, name)
-                        sfd = mounts._open_dir_chain(root, target[:-1], False, owner)
-                        try:
-                            os.link(target[-1], leaf, src_dir_fd=sfd, dst_dir_fd=dfd,
-                                    follow_symlinks=False)
-                        finally:
-                            os.close(sfd)
-                    elif m.isfifo():
-                        os.mkfifo(leaf, mode, dir_fd=dfd)
-                        os.chown(leaf, owner, owner, dir_fd=dfd, follow_symlinks=False)
-                    else:
-                        raise UsageError(f"snapshot archive {name}: member {m.name!r} is "
-                                         "of a type a workspace never holds")
-                finally:
-                    os.close(dfd)
-    except tarfile.TarError as e:
-        raise UsageError(f"snapshot archive {name}.tar.zst is not a valid archive: "
-                         f"{e}") from e
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise UsageError(f"snapshot archive {name} holds more than its metadata "
-                             "says; save it again") from e
-        raise
-    for parts, mode, mtime in reversed(dirs):  # deepest last-made first: modes after
-        dfd = mounts._open_dir_chain(root, parts, False, owner)
-        try:
-            os.fchmod(dfd, mode)
-            os.fchown(dfd, owner, owner)
-            os.utime(dfd, (mtime, mtime))
-        finally:
-            os.close(dfd)
-
-
-def _member_parts(member: str, name: str) -> list[str]:
-    parts = [p for p in member.split("/") if p not in ("", ".")]
-    if not parts or parts[0] != ARCHIVE_ROOT or ".." in parts or member.startswith("/") \
-            or any("\x00" in p for p in parts):
-        raise UsageError(f"snapshot archive {name}: member {member!r} is outside "
-                         f"{ARCHIVE_ROOT}/; it was not written by Snapshot.save")
-    return parts[1:]
 
 
 # ------------------------------------------- one checked-out tree, many candidates
