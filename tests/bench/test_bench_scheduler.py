@@ -41,7 +41,16 @@ def test_bench_scheduler_smoke(capsys, tmp_path):
     assert res["priority"]["scheduler"]["done"] == (res["priority"]["lows"]
                                                     + res["priority"]["highs"])
     assert res["us_per_transition"] is not None and set(res["goals"]) == {
-        "us_per_transition", "bytes_per_queued", "no_inversion"}
+        "us_per_transition", "bytes_per_queued", "no_inversion", "agent_us_per_transition"}
+    # the real agent loop: every episode passed on its second turn in both systems, as
+    # scheduler tasks with all their transitions (queued, generating, 2 x (executing,
+    # generating), grading, done), the policy's calls batched
+    ag = res["agent_loop"]
+    assert ag["scheduler"]["done"] == ag["baseline"]["done"] == 300
+    assert ag["scheduler"]["transitions"] == 300 * 8
+    assert ag["scheduler"]["mean_batch"] > 5 and ag["baseline"]["mean_batch"] > 5
+    assert ag["scheduler"]["bytes_per_episode"] > 0 and ag["baseline"]["bytes_per_episode"] > 0
+    assert ag["us_per_transition"] is not None
     assert "scheduler" in out and "baseline" in out and "Goals:" in out
 
 

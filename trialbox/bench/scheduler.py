@@ -32,6 +32,13 @@ Figures:
 5. Priority inversion: `--active` slots busy with low-priority tasks while high-priority
    ones arrive in waves. An inversion is a low task dispatched while a high one was
    waiting. Goal: zero (a high task waits at most for one preemption).
+6. The real agent loop (`--agent-tasks`, default `--tasks`): that many episodes through
+   `rollout.agent.Episodes` — a scripted policy (wrong, then right), `FakeProvider`
+   sessions whose runs sleep `--exec-ms`, a scripted judge — each episode a scheduler
+   task (journal, leases, the turn's quota slot: what `trialbox train` runs), against the
+   same episodes under a `Semaphore(--active)` + `gather`. Overhead per transition = the
+   CPU difference over the scheduler's transitions (goal ≤ 100 µs); memory per episode
+   = tracemalloc peak growth with `--active` episodes in flight, over `--active`.
 
 Output: a table on stdout; with --json the results as one JSON object on the last line;
 --out FILE writes the same JSON to FILE. A missed goal is a measurement: exit 0 when
@@ -64,12 +71,31 @@ from trialbox.bench.sandbox import (
     percentile,
 )
 from trialbox.errors import UsageError
-from trialbox.sandbox.fake import FakeSandbox
+from trialbox.rollout.agent import AgentConfig, Episodes
+from trialbox.rollout.policy import ScriptedPolicy
+from trialbox.sandbox.fake import FakeProvider, FakeSandbox
 from trialbox.schedule.lifecycle import TaskRecord
 from trialbox.schedule.quotas import Capacity
-from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskContext, TaskSpec
+from trialbox.schedule.scheduler import (
+    Priority,
+    Scheduler,
+    SchedulerConfig,
+    TaskContext,
+    TaskSpec,
+)
 from trialbox.store.journal import Journal
-from trialbox.types import ExecResult, ExecStatus, Limits
+from trialbox.types import (
+    ExecResult,
+    ExecStatus,
+    Grade,
+    Limits,
+    Outcome,
+    Task,
+    TaskKind,
+    TestCase,
+    TestResult,
+    Trajectory,
+)
 
 GOAL_US_PER_TRANSITION = 100.0
 GOAL_BYTES_PER_QUEUED = 5 * 1024
@@ -88,6 +114,8 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--turns", type=int, default=3, help="turns per episode (3)")
     p.add_argument("--think-ms", type=float, default=200.0, help="policy sleep per turn (200)")
     p.add_argument("--exec-ms", type=float, default=20.0, help="sandbox sleep per run (20)")
+    p.add_argument("--agent-tasks", type=int, default=None,
+                   help="episodes through the real agent loop (default: --tasks)")
     p.add_argument("--out", help="also write the JSON results to this file")
     p.set_defaults(handler=main)
 
@@ -193,6 +221,74 @@ async def run_baseline(sim: Sim, n: int, active: int) -> dict[str, Any]:
             "dispatch_p99_ms": percentile(lat, 99) * 1e3,
             "leased_s": leased, "busy_s": sim.busy_s,
             "idle_fraction": 1 - sim.busy_s / leased if leased else math.nan}
+
+
+# ------------------------------------------------------------------ the real agent loop
+
+AGENT_TASK = Task(task_id="square", kind=TaskKind.FUNCTION, entry_point="square",
+                  prompt="def square(x):\n",
+                  visible_tests=(TestCase("v", code="assert candidate(3) == 9"),))
+WRONG, RIGHT = "    return x + x\n", "    return x * x\n"
+
+
+async def _grade(task: Task, completion: str) -> Grade:
+    ok = "x * x" in completion
+    return Grade(task.task_id, Outcome.PASSED if ok else Outcome.FAILED,
+                 tests=(TestResult("v", ok, "" if ok else "assert failed", hidden=False),))
+
+
+async def agent_loop(system: str, n: int, active: int, exec_s: float, tmp: str,
+                     trace: bool = False) -> dict[str, Any]:
+    """`n` two-turn episodes through `Episodes`: as scheduler tasks, or under a
+    semaphore. `trace`: the tracemalloc peak growth per episode in flight."""
+    sim = Sim(2, 0.0, exec_s)
+    provider = FakeProvider(sim.handler)
+    cfg = AgentConfig(max_new_tokens=64, max_context_tokens=1024,
+                      max_concurrent_env=active)
+    policy = ScriptedPolicy([WRONG, RIGHT], logprob=-0.5)
+    done, transitions = 0, 0
+    gc.collect()
+    if trace:
+        tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0] if trace else 0
+    cpu0, t0 = time.process_time(), time.monotonic()
+    if system == "scheduler":
+        journal = Journal(os.path.join(tmp, f"bench-agent-{n}-{trace}.db"))
+        holder: list[Episodes] = []
+
+        async def job(ctx: TaskContext) -> float | None:
+            tr = await holder[0].run(AGENT_TASK, ctx.task_id, ctx.task_id)
+            await ctx.record_grade({"reward": tr.reward, "turns": len(tr.turns)})
+            return tr.reward
+
+        sched = Scheduler(journal, "agent", job, _config(active, n),
+                          opener=provider.open)
+        async with Episodes(policy, cfg, provider, leaser=sched.leaser,
+                            env_slot=sched.leaser.slot, grader=_grade) as episodes:
+            holder.append(episodes)
+            async with sched:
+                await sched.submit([TaskSpec(f"e{i}", priority=Priority.TRAIN)
+                                    for i in range(n)])
+                await sched.drain()
+        done, transitions = sched.stats.finals.get("done", 0), sched.stats.transitions
+        journal.close()
+    else:
+        sem = asyncio.Semaphore(active)
+        async with Episodes(policy, cfg, provider, grader=_grade) as episodes:
+            async def gated(i: int) -> Trajectory:
+                async with sem:
+                    return await episodes.run(AGENT_TASK, f"e{i}", f"e{i}")
+            trajs = await asyncio.gather(*(gated(i) for i in range(n)))
+        done = sum(t.passed for t in trajs)
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+    peak = 0.0
+    if trace:
+        peak = (tracemalloc.get_traced_memory()[1] - before) / min(n, active)
+        tracemalloc.stop()
+    return {"cpu_s": cpu, "wall_s": wall, "done": done, "transitions": transitions,
+            "gen_calls": len(policy.calls),
+            "mean_batch": sum(policy.calls) / max(1, len(policy.calls)),
+            **({"bytes_per_episode": peak} if trace else {})}
 
 
 # ------------------------------------------------------------------ memory
@@ -349,6 +445,16 @@ def render_table(res: dict[str, Any]) -> str:
     row("high-priority wait p99, ms", pr["scheduler"]["high_wait_p99_ms"],
         pr["baseline"]["high_wait_p99_ms"], 1)
     row("preemptions", float(pr["scheduler"]["preemptions"]), 0.0, 0, False)
+    ag = res["agent_loop"]
+    row(f"agent loop: {p['agent_tasks']} episodes, s", ag["scheduler"]["wall_s"],
+        ag["baseline"]["wall_s"])
+    row("agent loop: process CPU, s", ag["scheduler"]["cpu_s"], ag["baseline"]["cpu_s"])
+    row("agent loop: transitions", float(ag["scheduler"]["transitions"]), math.nan, 0,
+        False)
+    row("agent loop: mean batch", ag["scheduler"]["mean_batch"], ag["baseline"]["mean_batch"],
+        1)
+    row("agent loop: bytes per episode", ag["scheduler"]["bytes_per_episode"],
+        ag["baseline"]["bytes_per_episode"], 0)
     g = res["goals"]
     lines += ["", "Goals:",
               f"  overhead per transition {_fmt(res['us_per_transition'], 1)} µs "
@@ -357,6 +463,8 @@ def render_table(res: dict[str, Any]) -> str:
               f"(≤ {GOAL_BYTES_PER_QUEUED})  {_met(g['bytes_per_queued'])}",
               f"  priority inversions {pr['scheduler']['inversions']} (0)  "
               f"{_met(g['no_inversion'])}",
+              f"  agent loop overhead per transition {_fmt(ag['us_per_transition'], 1)} µs "
+              f"(≤ {GOAL_US_PER_TRANSITION:.0f})  {_met(g['agent_us_per_transition'])}",
               "", "Notes:"]
     for n in res["notes"]:
         lines += _wrap(n, " - ", "   ")
@@ -380,11 +488,25 @@ async def _run(p: dict[str, Any]) -> dict[str, Any]:
         _log(f"priorities: {lows} low, {highs} high in 4 waves")
         prio_s = await priority_scheduler(Sim(turns, think, exe), active, lows, highs, 4, tmp)
         prio_b = await priority_baseline(Sim(turns, think, exe), active, lows, highs, 4)
+        na = p["agent_tasks"]
+        _log(f"the real agent loop: {na} episodes, semaphore + gather")
+        agent_b = await agent_loop("baseline", na, active, exe, tmp)
+        _log(f"the real agent loop: {na} episodes as scheduler tasks")
+        agent_s = await agent_loop("scheduler", na, active, exe, tmp)
+        _log(f"the real agent loop: memory with {active} episodes in flight")
+        agent_s["bytes_per_episode"] = (await agent_loop(
+            "scheduler", active, active, exe, tmp, trace=True))["bytes_per_episode"]
+        agent_b["bytes_per_episode"] = (await agent_loop(
+            "baseline", active, active, exe, tmp, trace=True))["bytes_per_episode"]
     us = (sched["cpu_s"] - base["cpu_s"]) / max(sched["transitions"], 1) * 1e6
+    agent_us = (agent_s["cpu_s"] - agent_b["cpu_s"]) / max(agent_s["transitions"], 1) * 1e6
     problems = []
     if sched["done"] != n or base["done"] != n:
         problems.append(f"episodes done: scheduler {sched['done']}, baseline "
                         f"{base['done']}, of {n}")
+    if agent_s["done"] != p["agent_tasks"] or agent_b["done"] != p["agent_tasks"]:
+        problems.append(f"agent loop episodes passed: scheduler {agent_s['done']}, "
+                        f"baseline {agent_b['done']}, of {p['agent_tasks']}")
     if prio_s["done"] != lows + highs:
         problems.append(f"priority run: {prio_s['done']} of {lows + highs} done")
     return {
@@ -393,10 +515,13 @@ async def _run(p: dict[str, Any]) -> dict[str, Any]:
         "priority": {"scheduler": prio_s, "baseline": prio_b, "lows": lows,
                      "highs": highs},
         "us_per_transition": us,
+        "agent_loop": {"scheduler": agent_s, "baseline": agent_b,
+                       "us_per_transition": agent_us},
         "us_per_transition_all_in": sched["cpu_s"] / max(sched["transitions"], 1) * 1e6,
         "goals": {"us_per_transition": us <= GOAL_US_PER_TRANSITION,
                   "bytes_per_queued": mem_s <= GOAL_BYTES_PER_QUEUED,
-                  "no_inversion": prio_s["inversions"] == 0},
+                  "no_inversion": prio_s["inversions"] == 0,
+                  "agent_us_per_transition": agent_us <= GOAL_US_PER_TRANSITION},
         "notes": [
             "CPU per transition = (scheduler CPU - baseline CPU) / transitions: both runs "
             "sleep the same simulated think and sandbox times, so the difference is the "
@@ -409,6 +534,10 @@ async def _run(p: dict[str, Any]) -> dict[str, Any]:
             "while the policy thinks); the baseline holds it for the whole episode.",
             "Memory: tracemalloc growth per queued task (scheduler: record, queue entry, "
             "id sets; baseline: an asyncio.Task blocked on a semaphore).",
+            "Agent loop: the same two-turn episodes through rollout.agent.Episodes (one "
+            "batcher: the scripted policy's calls are batched the same way in both); the "
+            "scheduler side is what trialbox train runs per episode (journal, lease "
+            "hooks, the turn's quota slot, a journaled grade), the baseline a semaphore.",
             "Priority run: 2x--active low-priority tasks, then high-priority tasks in 4 "
             "waves while every slot is busy; the baseline (a FIFO semaphore) has no "
             "priorities, so its inversions show what the tiers and preemption prevent.",
@@ -419,8 +548,9 @@ async def _run(p: dict[str, Any]) -> dict[str, Any]:
 
 def _check(args: argparse.Namespace) -> dict[str, Any]:
     p = {"tasks": int(args.tasks), "active": int(args.active), "turns": int(args.turns),
-         "think_ms": float(args.think_ms), "exec_ms": float(args.exec_ms)}
-    for k in ("tasks", "active", "turns"):
+         "think_ms": float(args.think_ms), "exec_ms": float(args.exec_ms),
+         "agent_tasks": int(args.tasks if args.agent_tasks is None else args.agent_tasks)}
+    for k in ("tasks", "active", "turns", "agent_tasks"):
         if p[k] < 1:
             raise UsageError(f"--{k} must be at least 1, got {p[k]}")
     for k in ("think_ms", "exec_ms"):

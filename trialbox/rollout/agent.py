@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -47,7 +47,7 @@ from trialbox.rollout.text import (
     feedback_report,
     wrap_feedback,
 )
-from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.sandbox.languages import language, run_code
 from trialbox.sandbox.mounts import PathObstructed
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -208,9 +208,21 @@ class _Batcher:
         `order`: the episode's place in its batch (see the class docstring)."""
         fut: asyncio.Future[tuple[Generation, float]] = \
             asyncio.get_running_loop().create_future()
-        self.waiting.append((context, time.monotonic(), fut, order))
+        entry = (context, time.monotonic(), fut, order)
+        self.waiting.append(entry)
         self._wake.set()
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:  # preempted or stopped: it no longer waits
+            if entry in self.waiting:
+                self.waiting.remove(entry)
+            raise
+
+    def join(self) -> None:
+        """One more live episode (an episode started on its own, e.g. a scheduler job):
+        full batches wait for it too."""
+        self.live += 1
+        self._wake.set()
 
     def finished(self) -> None:
         """An episode is over: it will not ask again."""
@@ -218,11 +230,16 @@ class _Batcher:
         self._wake.set()
 
     def _full(self) -> bool:
+        # a waiter cancelled this tick has a cancelled future before it leaves the list
+        self.waiting = [w for w in self.waiting if not w[2].done()]
         n = len(self.waiting)
         return n >= self.live or (self.cfg.max_batch is not None and n >= self.cfg.max_batch)
 
     async def run(self) -> None:
-        while self.live > 0 or self.waiting:
+        """Until every episode is over; one made with `live=0` (episodes `join` as they
+        start, e.g. scheduler jobs) runs until cancelled."""
+        open_ended = self.live == 0
+        while open_ended or self.live > 0 or self.waiting:
             timeout: float | None = None
             if self.waiting:
                 if self._full():
@@ -299,15 +316,25 @@ class _EnvBusy:
             self.stats.env_wall_s += time.monotonic() - self.since
 
 
+Grader = Callable[[Task, str], Awaitable[Grade]]
+"""(task, completion) -> the trusted judge's grade of that completion."""
+
+EnvSlot = Callable[[str], AbstractAsyncContextManager[Any]]
+"""episode id -> the admission of one turn's environment work (its run and its grading):
+a shared semaphore for a plain rollout, the scheduler's quota reservation
+(`SchedulerLeaser.slot`) for episodes that are scheduler tasks."""
+
+
 @dataclass
 class _Env:
     """What every episode of one rollout shares."""
 
     cfg: AgentConfig
-    pool: CellPool
+    provider: SandboxProvider
     leaser: Leaser
     batcher: _Batcher
-    slots: AbstractAsyncContextManager[Any]
+    slot: EnvSlot
+    grader: Grader | None
     harnesses: list[NamespaceSandbox]
     busy: _EnvBusy
     policy: Policy
@@ -370,13 +397,17 @@ async def _judge(env: _Env, task: Task, completion: str) -> Grade:
     """The trusted judge's grade. The judges retry infrastructure failures they see in
     results; one raised as an exception (a sandbox that cannot be had) is INFRA too."""
     try:
+        if env.grader is not None:
+            return await env.grader(task, completion)
+        pool = env.provider
+        assert isinstance(pool, CellPool)  # rollout() checked: no grader needs one
         if task.kind is TaskKind.STDIO:
-            return await judge_stdio(task, completion, env.pool, env.cfg.stdio_judge,
+            return await judge_stdio(task, completion, pool, env.cfg.stdio_judge,
                                      env.cfg.language)
         harness = env.harnesses.pop() if env.harnesses else \
-            await open_harness(env.pool, env.cfg.judge)
+            await open_harness(pool, env.cfg.judge)
         try:
-            return await judge_function(task, completion, env.pool, env.cfg.judge, harness)
+            return await judge_function(task, completion, pool, env.cfg.judge, harness)
         finally:
             env.harnesses.append(harness)
     except InfraError as e:
@@ -390,7 +421,7 @@ async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
     is the last, so the reward still comes from the judge."""
     if code is None and not last:
         return None, None
-    async with env.slots:
+    async with env.slot(episode_id):
         env.busy.enter()
         try:
             if code is None:
@@ -530,28 +561,9 @@ def _trajectory(task: Task, episode_id: str, group_id: str, prompt_ids: tuple[in
 
 # --------------------------------------------------------------------------- rollout
 
-async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
-                  max_turns: int | None = None, config: AgentConfig | None = None,
-                  pool: CellPool | None = None,
-                  leaser: Leaser | None = None,
-                  env_slots: AbstractAsyncContextManager[Any] | None = None) -> RolloutBatch:
-    """Run `group_size` episodes of every task concurrently; return their trajectories
-    (task by task, a group's samples side by side) and where the time went.
-
-    `pool`: the sandbox pool the judge (and the default leaser) take sandboxes from
-    (default: the process's pool). `leaser`: who lends the episodes their sessions
-    (default: a `DirectLeaser` on `pool`, closed at the end). `max_turns` overrides the
-    config's. `env_slots`: the environment slots (`async with` around each turn's run and
-    grading), when they are shared with other rollouts running at the same time (the
-    trainer's async mode keeps one limit for all its batches); default: a fresh
-    semaphore of `max_concurrent_env`. An `InfraError` from the policy (a dead model
-    server) ends the rollout after every episode has released its sandbox; per-episode
-    infrastructure failures do not: those episodes get reward None."""
-    cfg = config or AgentConfig()
-    if max_turns is not None:
-        cfg = replace(cfg, max_turns=max_turns)
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise UsageError(f"rollout: group_size must be an int >= 1, got {group_size!r}")
+def check_tasks(tasks: Sequence[Task]) -> None:
+    """UsageError unless every task has an agent loop (function tasks with an entry
+    point, stdio tasks)."""
     if isinstance(tasks, Task) or not all(isinstance(t, Task) for t in tasks):
         raise UsageError("rollout: tasks must be a sequence of trialbox.types.Task")
     for t in tasks:
@@ -560,56 +572,177 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
                              "function and stdio tasks have an agent loop so far")
         if t.kind is TaskKind.FUNCTION and not t.entry_point:
             raise UsageError(f"rollout: function task {t.task_id} has no entry_point")
-    render = cfg.render_prompt or default_prompt
-    prompts = [tuple(policy.tokenizer.encode(render(t))) for t in tasks]
-    for t, p in zip(tasks, prompts, strict=True):
-        if not p or len(p) >= cfg.max_context_tokens:
-            raise UsageError(f"rollout: the prompt of task {t.task_id} is {len(p)} tokens; "
-                             f"it must be between 1 and max_context_tokens - 1 "
-                             f"({cfg.max_context_tokens - 1}): raise max_context_tokens or "
-                             "shorten the prompt")
+
+
+class Episodes:
+    """Episodes that share one policy (their `generate` calls coalesced into batches),
+    one sandbox provider, one judge and one admission of environment work: what
+    `rollout()` runs a whole batch on, and what a scheduler job runs one episode on.
+
+        async with Episodes(policy, cfg, provider, leaser=sched.leaser,
+                            env_slot=sched.leaser.slot) as episodes:
+            async def job(ctx):                      # one scheduler task = one episode
+                tr = await episodes.run(task, ctx.task_id, group_id, order=k)
+                ...
+
+    Episodes may start at any time (`run` joins the batcher: a full batch waits for
+    every episode that is live and not in the environment). `provider`: where sessions
+    come from (`SandboxProvider`: the namespace tier's `CellPool`, `FakeProvider`, ...);
+    `leaser`: who lends the episodes their sessions (default: a `DirectLeaser` on
+    `provider.open`, closed at the end); `env_slot`: the admission of one turn's run and
+    grading, per episode id (default: one semaphore of `max_concurrent_env`);
+    `grader`: the trusted judge (default: the namespace judge on `provider`, which must
+    then be a `CellPool`)."""
+
+    def __init__(self, policy: Policy, config: AgentConfig, provider: SandboxProvider, *,
+                 leaser: Leaser | None = None, env_slot: EnvSlot | None = None,
+                 grader: Grader | None = None, live: int = 0):
+        if not isinstance(provider, SandboxProvider):
+            raise UsageError(f"rollout: pool must be a SandboxProvider (CellPool, "
+                             f"FakeProvider, ...), got {type(provider).__name__}")
+        if grader is None and not isinstance(provider, CellPool):
+            raise UsageError(f"rollout: the default judge runs on the namespace tier's "
+                             f"CellPool; with a {type(provider).__name__} pass grader=")
+        self.cfg, self.policy, self.provider = config, policy, provider
+        self.stats = RolloutStats()
+        self.own_leaser = leaser is None
+        if env_slot is None:
+            sem = asyncio.Semaphore(config.max_concurrent_env)
+            env_slot = lambda episode: sem  # noqa: E731
+        self.env = _Env(config, provider, leaser or DirectLeaser(provider.open),
+                        _Batcher(policy, config, live, self.stats), env_slot, grader, [],
+                        _EnvBusy(self.stats), policy)
+        self._batcher: asyncio.Future[None] | None = None
+
+    def prompt_ids(self, task: Task) -> tuple[int, ...]:
+        """The first prompt's ids; UsageError when it does not fit the context."""
+        p = tuple(self.policy.tokenizer.encode((self.cfg.render_prompt or default_prompt)(
+            task)))
+        if not p or len(p) >= self.cfg.max_context_tokens:
+            raise UsageError(f"rollout: the prompt of task {task.task_id} is {len(p)} "
+                             f"tokens; it must be between 1 and max_context_tokens - 1 "
+                             f"({self.cfg.max_context_tokens - 1}): raise "
+                             "max_context_tokens or shorten the prompt")
+        return p
+
+    async def __aenter__(self) -> Episodes:
+        self._batcher = asyncio.ensure_future(self.env.batcher.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the batcher, close the judge's harnesses and (if it is ours) the leaser."""
+        if self._batcher is not None:
+            self._batcher.cancel()
+            try:
+                await self._batcher
+            except asyncio.CancelledError:
+                pass
+            self._batcher = None
+        harnesses, self.env.harnesses = self.env.harnesses, []
+        for h in harnesses:
+            await h.close()
+        if self.own_leaser and isinstance(self.env.leaser, DirectLeaser):
+            await self.env.leaser.close()
+
+    async def run(self, task: Task, episode_id: str, group_id: str, order: int = 0,
+                  prompt_ids: tuple[int, ...] | None = None,
+                  joined: bool = False) -> Trajectory:
+        """One episode of `task` (its session leased as `episode_id`). `order`: its place
+        in a batch (batches go out in this order: a seeded sampler then gives each episode
+        the same draws whatever the sandboxes' timing). `joined`: already counted live."""
+        if not joined:
+            self.env.batcher.join()
+        return await _episode(self.env, task, prompt_ids or self.prompt_ids(task),
+                              episode_id, group_id, order)
+
+
+    def replay(self, tr: Trajectory, order: int) -> asyncio.Future[int]:
+        """Feed a finished episode's recorded contexts through the batcher again, turn by
+        turn, with no environment (its trajectory stands as recorded): the model's
+        batches are then made of the same rows, in the same order, as when it ran — what
+        a resumed run needs for the episodes it does run again to be sampled exactly as
+        the uninterrupted run sampled them. Joins the batcher now; the future gives how
+        many turns the model regenerated differently from the record (0 when the
+        computation is deterministic)."""
+        env = self.env
+        env.batcher.join()
+
+        async def ghost() -> int:
+            differ = 0
+            try:
+                context = list(tr.prompt_ids)
+                for t in tr.turns:
+                    gen, _ = await env.batcher.generate(list(context), order)
+                    gen = _fit(gen, self.cfg.max_context_tokens - len(context),
+                               self.policy.tokenizer.decode)
+                    differ += gen.token_ids != t.output_ids
+                    context += t.output_ids + t.feedback_ids
+            finally:
+                env.batcher.finished()
+            return differ
+        return asyncio.ensure_future(ghost())
+
+
+async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
+                  max_turns: int | None = None, config: AgentConfig | None = None,
+                  pool: SandboxProvider | None = None,
+                  leaser: Leaser | None = None,
+                  env_slots: AbstractAsyncContextManager[Any] | None = None,
+                  grader: Grader | None = None) -> RolloutBatch:
+    """Run `group_size` episodes of every task concurrently; return their trajectories
+    (task by task, a group's samples side by side) and where the time went.
+
+    `pool`: the `SandboxProvider` sessions come from (default: the process's
+    `CellPool`). `leaser`: who lends the episodes their sessions (default: a
+    `DirectLeaser` on `pool.open`, closed at the end). `grader`: the trusted judge
+    (default: the namespace judge on `pool`, a `CellPool`). `max_turns` overrides the
+    config's. `env_slots`: the environment slots (`async with` around each turn's run and
+    grading), when they are shared with other rollouts running at the same time;
+    default: a fresh semaphore of `max_concurrent_env`. An `InfraError` from the policy
+    (a dead model server) ends the rollout after every episode has released its sandbox;
+    per-episode infrastructure failures do not: those episodes get reward None."""
+    cfg = config or AgentConfig()
+    if max_turns is not None:
+        cfg = replace(cfg, max_turns=max_turns)
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise UsageError(f"rollout: group_size must be an int >= 1, got {group_size!r}")
+    check_tasks(tasks)
     if pool is None:
         from trialbox.sandbox import default_pool
         pool = await default_pool()
-    own_leaser = leaser is None
-    if leaser is None:
-        the_pool = pool
-
-        async def opener(limits: Limits | None) -> Sandbox:
-            return await NamespaceSandbox.open(the_pool, limits)
-
-        leaser = DirectLeaser(opener)
-    stats = RolloutStats(episodes=len(tasks) * group_size)
-    env = _Env(cfg, pool, leaser, _Batcher(policy, cfg, len(tasks) * group_size, stats),
-               env_slots or asyncio.Semaphore(cfg.max_concurrent_env), [], _EnvBusy(stats),
-               policy)
+    shared = env_slots
+    episodes = Episodes(policy, cfg, pool, leaser=leaser, grader=grader,
+                        env_slot=None if shared is None else (lambda episode: shared),
+                        live=len(tasks) * group_size)
+    prompts = [episodes.prompt_ids(t) for t in tasks]
+    stats = episodes.stats
+    stats.episodes = len(tasks) * group_size
     tag = uuid.uuid4().hex[:8]
     t0 = time.monotonic()
-    batcher = asyncio.ensure_future(env.batcher.run())
-    try:
+    async with episodes:
         results = await asyncio.gather(*(
-            _episode(env, task, prompts[i], f"{task.task_id}/{tag}/{i}/{j}",
-                     f"{task.task_id}/{tag}/{i}", order=i * group_size + j)
+            episodes.run(task, f"{task.task_id}/{tag}/{i}/{j}", f"{task.task_id}/{tag}/{i}",
+                         order=i * group_size + j, prompt_ids=prompts[i], joined=True)
             for i, task in enumerate(tasks) for j in range(group_size)),
             return_exceptions=True)
-    finally:
-        batcher.cancel()
-        try:
-            await batcher
-        except asyncio.CancelledError:
-            pass
-        for h in env.harnesses:
-            await h.close()
-        if own_leaser and isinstance(leaser, DirectLeaser):
-            await leaser.close()
     errors = [r for r in results if isinstance(r, BaseException)]
     if errors:
         raise errors[0]
     trajectories = [r for r in results if isinstance(r, Trajectory)]
-    stats.wall_s = time.monotonic() - t0
+    finish_stats(stats, trajectories, time.monotonic() - t0)
+    return RolloutBatch(trajectories, stats)
+
+
+def finish_stats(stats: RolloutStats, trajectories: Sequence[Trajectory],
+                 wall_s: float) -> None:
+    """The per-trajectory totals of a batch's stats (the batcher counted the calls)."""
+    stats.episodes = len(trajectories)
+    stats.wall_s = wall_s
     stats.turns = sum(len(t.turns) for t in trajectories)
     stats.passed = sum(t.passed for t in trajectories)
     stats.excluded = sum(t.reward is None for t in trajectories)
     stats.env_s = sum(t.env_s for t in trajectories)
     stats.model_tokens = sum(t.n_model_tokens for t in trajectories)
-    return RolloutBatch(trajectories, stats)

@@ -34,7 +34,7 @@ from trialbox.types import Limits
 
 
 class LeaseObserver(Protocol):
-    async def lease_started(self, episode: str, sb: Sandbox) -> None: ...
+    async def lease_started(self, episode: str, sb: Sandbox | None) -> None: ...
 
     async def lease_ended(self, episode: str) -> None: ...
 
@@ -85,21 +85,32 @@ class SchedulerLeaser:
     def slot(self, episode: str,
              limits: Limits | None = None) -> AbstractAsyncContextManager[None]:
         """The episode's quota, reserved for the `async with` (no session is opened): the
-        admission of one turn's environment work. Leases of the episode inside it
-        reserve nothing more."""
-        return self._reserve(episode, limits or self.default_limits)
+        admission of one turn's environment work (EXECUTING for the scheduler). Leases
+        of the episode inside it reserve nothing more and move nothing."""
+        return self._slot(episode, limits or self.default_limits)
+
+    @asynccontextmanager
+    async def _slot(self, episode: str, limits: Limits | None) -> AsyncIterator[None]:
+        outer = not self._holding.get(episode)
+        async with self._reserve(episode, limits):
+            if outer and self.observer is not None:
+                await self.observer.lease_started(episode, None)
+            yield
+            if outer and self.observer is not None:
+                await self.observer.lease_ended(episode)
 
     @asynccontextmanager
     async def _lease(self, episode: str, limits: Limits | None) -> AsyncIterator[Sandbox]:
         limits = limits or self.default_limits
+        outer = not self._holding.get(episode)  # inside a slot: the slot moves the task
         async with self._reserve(episode, limits):
             async with self.direct.lease(episode, limits) as sb:
-                if self.observer is not None:
+                if outer and self.observer is not None:
                     await self.observer.lease_started(episode, sb)
                 yield sb
             # Only a lease that ended normally goes back to GENERATING; on an exception
             # (preemption, timeout, a failure) the scheduler decides the next state.
-            if self.observer is not None:
+            if outer and self.observer is not None:
                 await self.observer.lease_ended(episode)
 
     def lease(self, episode: str,

@@ -242,6 +242,7 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self._fatal: JournalError | None = None
+        self._waits: list[tuple[set[str], asyncio.Future[None]]] = []
         self._started = False
         self._closed = False
         self._rng = random.Random()
@@ -290,6 +291,22 @@ class Scheduler:
                 return
             self._idle.clear()
             await self._idle.wait()
+
+    async def wait(self, task_ids: Iterable[str]) -> None:
+        """Wait until every one of these tasks is final (submitted ones, or known from the
+        journal). Raises the JournalError that stopped the scheduler, if one did."""
+        self._check_alive()
+        left = {t for t in task_ids if t in self.tasks}
+        if not left:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (left, fut)
+        self._waits.append(entry)
+        try:
+            await fut
+        finally:
+            if entry in self._waits:
+                self._waits.remove(entry)
 
     @property
     def unfinished(self) -> int:
@@ -560,6 +577,10 @@ class Scheduler:
         await fut
         self.stats.finals[state.value] = self.stats.finals.get(state.value, 0) + 1
         self.tasks.pop(rec.task_id, None)
+        for left, waiter in self._waits:
+            left.discard(rec.task_id)
+            if not left and not waiter.done():
+                waiter.set_result(None)
         await self.leaser.end(rec.task_id)
         if not self.tasks:
             self._idle.set()
@@ -574,6 +595,9 @@ class Scheduler:
         job; their last committed state is what a restart will recover."""
         if self._fatal is None:
             self._fatal = e
+            for _, waiter in self._waits:
+                if not waiter.done():
+                    waiter.set_exception(e)
             for tier in self._active:
                 for rec in tier.values():
                     if isinstance(rec.handle, asyncio.Task) and rec.handle is not \
@@ -588,11 +612,12 @@ class Scheduler:
         rec = self.tasks.get(episode)
         return () if rec is None else (rec.priority, rec.seq)
 
-    async def lease_started(self, episode: str, sb: Sandbox) -> None:
+    async def lease_started(self, episode: str, sb: Sandbox | None) -> None:
         rec = self.tasks.get(episode)
         if rec is None or rec.state is not S.GENERATING:
             return
-        rec.sandbox = str(getattr(sb, "id", "") or f"{sb.tier}:{id(sb):x}")
+        rec.sandbox = "" if sb is None else str(getattr(sb, "id", "") or
+                                                 f"{sb.tier}:{id(sb):x}")
         await self._move(rec, S.EXECUTING)
 
     async def lease_ended(self, episode: str) -> None:

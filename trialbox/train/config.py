@@ -1,6 +1,6 @@
 """The training run's configuration: one dataclass per component, read from TOML.
 
-    [run]     seed, out_dir, device, threads, resume, checkpoint_every
+    [run]     seed, out_dir, device, threads, resume, checkpoint_every, journal
     [model]   path (a saved model) or the shape of a fresh one (n_layer, n_embd, …)
     [sft]     the supervised warm start (steps = 0 skips it)
     [grpo]    the policy-gradient phase (algorithm = "grpo" or "ppo")
@@ -50,6 +50,11 @@ class RunConfig:
     """Continue from the latest checkpoint in out_dir (an error when there is none)."""
     checkpoint_every: int = 10
     """GRPO steps between checkpoints (the last step is always saved)."""
+    journal: str = ""
+    """The scheduler's journal (SQLite) in which every episode of every step is a task
+    with all its transitions and its trajectory; empty: out_dir/journal.db. "off": the
+    previous path (no scheduler, no journal, no resume inside a step), kept so
+    `bench train` can compare the two."""
 
 
 @dataclass(frozen=True)

@@ -53,9 +53,21 @@ class Checkpoint:
 class MetricsLog:
     """metrics.jsonl and TensorBoard, side by side."""
 
-    def __init__(self, out_dir: str, append: bool):
+    def __init__(self, out_dir: str, append: bool, keep_through: int | None = None):
+        """`keep_through` (a resumed run): drop the step records after that step (a crash
+        came before their checkpoint: the resumed run writes them again)."""
         from torch.utils.tensorboard import SummaryWriter
-        self.jsonl = open(os.path.join(out_dir, "metrics.jsonl"), "a" if append else "w")
+        path = os.path.join(out_dir, "metrics.jsonl")
+        if append and keep_through is not None and os.path.exists(path):
+            with open(path) as f:
+                lines = [x for x in f if x.strip()]
+            kept = [x for x in lines if not (json.loads(x).get("kind") in ("step", "skip")
+                                             and json.loads(x).get("step", 0) > keep_through)]
+            if len(kept) != len(lines):
+                with open(path + ".tmp", "w") as f:
+                    f.writelines(kept)
+                os.replace(path + ".tmp", path)
+        self.jsonl = open(path, "a" if append else "w")
         self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
 
     def write(self, kind: str, step: int, record: dict[str, Any]) -> None:

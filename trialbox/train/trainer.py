@@ -47,6 +47,8 @@ from trialbox.rollout.policy import ByteTokenizer, Policy
 from trialbox.rollout.text import default_prompt
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
+from trialbox.store.journal import Journal
+from trialbox.train import episodes as journaled
 from trialbox.train.confidence import paired_rise, wilson
 from trialbox.train.config import Algorithm, PolicyKind, RewardKind, RolloutMode, TrainConfig
 from trialbox.train.losses import group_advantages, rewards_tensor
@@ -70,7 +72,8 @@ from trialbox.train.update import UpdateStats, policy_step
 from trialbox.types import Outcome, Task, Trajectory
 
 Progress = Callable[[str, dict[str, Any]], None]
-"""(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop"."""
+"""(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop",
+"episodes" (the journal, and how many episodes were run now or read back from it)."""
 
 
 @dataclass
@@ -304,8 +307,11 @@ thread); `make_update` picks the algorithm's once, when the trainer is built."""
 
 def make_update(config: TrainConfig, model: Any, opt: torch.optim.Optimizer, *,
                 head: ValueHead | None, ref: Any, pad_id: int,
-                device: torch.device) -> Update:
-    """The update function of `[grpo] algorithm` (no algorithm test inside the loop)."""
+                device: torch.device,
+                history: list[list[Trajectory]] | None = None) -> Update:
+    """The update function of `[grpo] algorithm` (no algorithm test inside the loop).
+    `history`: the earlier steps' trajectories of a resumed run (read back from the
+    journal), which refill the replay buffer as the uninterrupted run had filled it."""
     g = config.grpo
     temperature = config.rollout.temperature
     max_tokens = config.rollout.max_turns * config.rollout.max_new_tokens
@@ -324,6 +330,9 @@ def make_update(config: TrainConfig, model: Any, opt: torch.optim.Optimizer, *,
 
     # self-imitation (`[grpo] replay`): judge-passed answers of earlier steps
     replay = SuccessReplay(g.replay_capacity, seed=config.run.seed) if g.replay else None
+    if replay is not None:
+        for earlier in history or []:
+            replay.add(earlier)
 
     def grpo_update(trajs: list[Trajectory], step: int) -> UpdateStats:
         values, valid = rewards_tensor([t.reward for t in trajs])
@@ -362,9 +371,15 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     check_fits(config, sets, evals)
     pairs = sft_data(config, sets) if not run.resume and config.sft.steps else []
     device = resolve_device(run.device)
+    run_id = os.path.basename(os.path.normpath(run.out_dir))
+    use_journal = run.journal != "off"
+    journal_file = journaled.journal_path(config)
+    inputs = journaled.fingerprint(config)
+    if use_journal:
+        journaled.check_journal(journal_file, run_id, inputs, run.resume,
+                                default_place=not run.journal)
     if run.threads:
         torch.set_num_threads(run.threads)
-    os.makedirs(run.out_dir, exist_ok=True)
     ckpt = Checkpoint(run.out_dir)
     tok = ByteTokenizer()
     state: dict[str, Any] = {"step": 0, "pass_before": None, "bad_in_a_row": 0,
@@ -372,13 +387,21 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     model: Any
     if run.resume:
         state = ckpt.load_state()
+        if state["step"] >= g.steps:
+            raise UsageError(f"--resume: nothing to resume, the run in {run.out_dir} has "
+                             f"done all {state['step']} of its [grpo] steps; raise [grpo] "
+                             "steps to train further, or drop --resume to start afresh")
         model, _ = load_model(ckpt.path)
     elif config.model.path:
         model, _ = load_model(config.model.path)
     else:
         model = build_model(config.model.shape, tok, seed=run.seed)
     model.to(device)
-    log = MetricsLog(run.out_dir, append=run.resume)
+    os.makedirs(run.out_dir, exist_ok=True)  # every check passed: the first write
+    log = MetricsLog(run.out_dir, append=run.resume,
+                     keep_through=state["step"] if run.resume else None)
+    if use_journal and not run.resume and not run.journal:
+        journaled.remove_journal(journal_file)  # a fresh run replaces its directory's
     own_pool = pool is None
     if pool is None:
         from trialbox.judge.function import judge_pool_config
@@ -426,11 +449,12 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             state["eval_before"] = before
             log.write("eval", 0, {"when": 0, **before})
             say("eval", {"when": "before", **before})
+        if not run.resume:  # step 0: a crash from here on resumes (SFT and eval done)
+            ckpt.save(model, tok, opt, state, head)
         result.pass_before = state["pass_before"]
         result.eval_before = state.get("eval_before")
 
         # ---- GRPO ---------------------------------------------------------------------
-        run_id = os.path.basename(os.path.normpath(run.out_dir))
         agent = agent_config(config)
         clock = ModelClock()  # when the model works; the rest of the time it waits
         asynchronous = config.rollout.mode is RolloutMode.ASYNC
@@ -438,27 +462,48 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         copies = WeightCopies(model, config.rollout.max_staleness + 1) \
             if asynchronous else None
 
-        # Batches in flight share the environment's env_workers slots and the model (one
-        # generate call or update at a time), the oldest batch first (pipeline.py).
-        env_slots = PrioritySlots(config.rollout.env_workers)
+        # Every episode is a task of the journaled scheduler (episodes.py): its quota
+        # pool admits the environment's env_workers turns at once, the oldest step
+        # first. The model is not sandbox capacity: one generate call or update at a
+        # time on its one device, the oldest batch first (PrioritySlots, pipeline.py).
+        # journal = "off": the previous path, the environment behind PrioritySlots too.
         model_slots = PrioritySlots(1)
+        env_slots = PrioritySlots(config.rollout.env_workers)
+        eps: journaled.JournaledEpisodes | None = None
+        journal: Journal | None = None
+        if use_journal:
+            journal = Journal(journal_file)
+            eps = journaled.JournaledEpisodes(
+                journal, run_id, agent, pool, group_size=g.group_size,
+                env_workers=config.rollout.env_workers,
+                in_flight=config.rollout.max_staleness + 1 if asynchronous else 1,
+                inputs=inputs, tasks_per_step=g.tasks_per_step, tokenizer=tok)
+            await eps.__aenter__()
 
         def launch(step: int, version: int) -> Awaitable[RolloutBatch]:
             """Step `step`'s rollout, sampled by the live model (sync) or by a copy of
             its weights taken now (async; `version` is what the trainer published)."""
             def sample_with(sampler: HFPolicy) -> Awaitable[RolloutBatch]:
-                return rollout(TimedPolicy(sampler, clock, model_slots.lane(step)),
-                               sets.train_step(step),
+                timed = TimedPolicy(sampler, clock, model_slots.lane(step))
+                if eps is not None:
+                    return eps.rollout(step, sets.train_step(step), timed)
+                return rollout(timed, sets.train_step(step),
                                group_size=g.group_size, pool=pool, config=agent,
                                env_slots=env_slots.lane(step))
             if copies is None:
+                if eps is not None:  # a function of (seed, step): a resumed run draws
+                    # as the uninterrupted one did from the step it resumes at
+                    policy.generator.manual_seed(run.seed * 1_000_003 + step)
                 return sample_with(policy)
             return copies.run_on_snapshot(model, lambda weights: sample_with(
                 HFPolicy(weights, tok, seed=run.seed * 1_000_003 + step)))
 
         # the update, chosen once: GRPO (group advantages) or PPO (value head + GAE)
+        history = [eps.step_trajectories(s, sets.train_step(s))
+                   for s in range(state["step"])] if eps is not None and run.resume \
+            and g.replay and g.algorithm is Algorithm.GRPO else None
         update = make_update(config, model, opt, head=head, ref=ref, pad_id=tok.pad_id,
-                             device=device)
+                             device=device, history=history)
 
         batches: Batches = AsyncBatches(
             launch, first=state["step"], steps=g.steps,
@@ -526,10 +571,18 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                     ckpt.save(model, tok, opt, state, head)
         finally:
             await batches.aclose()
+            if eps is not None:
+                await eps.__aexit__(None, None, None)
+                say("episodes", {"journal": journal_file, "run": run_id,
+                                 **asdict(eps.counts)})
+            if journal is not None:
+                journal.close()
 
         # ---- the end: held-out pass@1 again, the final model ---------------------------
         result.steps_done = state["step"]
         if evals is not None:
+            if eps is not None:
+                policy.generator.manual_seed(run.seed * 1_000_003 + g.steps + 999_983)
             after = await evaluate_pass1(policy, config, pool, evals)
             result.pass_after = after["pass1"]
             result.eval_after = after
