@@ -210,3 +210,22 @@ def test_bad_journals_and_nothing_to_resume_are_named_before_writing(runner, tmp
     # a fresh run on an explicit journal that already holds it
     with pytest.raises(UsageError, match="already holds run 'run'; pass --resume"):
         runner.run(train(with_changes(base, run={"journal": str(db)}), runner.pool))
+
+
+def test_a_journaled_trajectory_reads_back_equal():
+    """Every field of a trajectory survives the journal (a field added to `Trajectory`
+    or `Turn` and not read back would make a resumed run's records differ)."""
+    import asyncio
+
+    from tests.rollout.test_agent_fake import CFG, RIGHT, SQUARE, WRONG, grader
+    from trialbox.rollout.agent import rollout
+    from trialbox.rollout.policy import ScriptedPolicy
+    from trialbox.sandbox.fake import FakeProvider
+    from trialbox.store.journal import dumps
+    from trialbox.train.episodes import trajectory_from_json
+
+    batch = asyncio.run(rollout(ScriptedPolicy([WRONG, RIGHT]), [SQUARE], config=CFG,
+                                pool=FakeProvider(), grader=grader))
+    [tr] = batch.trajectories
+    back = trajectory_from_json(json.loads(dumps({"trajectory": tr}))["trajectory"])
+    assert back == tr

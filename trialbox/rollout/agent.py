@@ -521,7 +521,7 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
         env.batcher.finished()
         await env.leaser.end(episode_id)
     return _trajectory(task, episode_id, group_id, prompt_ids, turns, grade, stop_reason,
-                       cfg, _environment_id(env.pool))
+                       cfg, _environment_id(env.provider))
 
 
 def _environment_id(pool: Any) -> str:

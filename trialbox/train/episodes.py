@@ -145,7 +145,8 @@ def trajectory_from_json(d: dict[str, Any]) -> Trajectory:
         grade=grade_from_json(d["grade"]) if d.get("grade") else None,
         passed=d.get("passed", False), group_id=d.get("group_id", ""),
         stop_reason=d.get("stop_reason", ""), gen_s=d.get("gen_s", 0.0),
-        env_s=d.get("env_s", 0.0), policy_version=d.get("policy_version"))
+        env_s=d.get("env_s", 0.0), policy_version=d.get("policy_version"),
+        environment=d.get("environment", ""))
 
 
 def excluded(task: Task, episode_id: str, group_id: str, prompt_ids: tuple[int, ...],
