@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_train_parser(bsub)
     from trialbox.bench.telemetry import add_parser as add_bench_telemetry_parser
     add_bench_telemetry_parser(bsub)
+    from trialbox.bench.cluster import add_parser as add_bench_cluster_parser
+    add_bench_cluster_parser(bsub)
     from trialbox.bench.fork import add_parser as add_bench_fork_parser
     add_bench_fork_parser(bsub)  # bench fork (its handler runs it)
     from trialbox.bench.density import add_parser as add_bench_density_parser

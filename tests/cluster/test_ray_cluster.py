@@ -348,3 +348,11 @@ def test_humaneval_through_ray_same_verdicts_as_local(cluster: Cluster,
     assert [(r["task_id"], r["outcome"], r["passed"], r["reward"])
             for r in ray_rows] == verdict
     assert sum(r["passed"] for r in local) == 8  # canonical pass, exploits do not
+
+
+def test_bench_scale_run_smoke(cluster: Cluster) -> None:
+    """`trialbox bench cluster`'s scale part, tiny, on this module's cluster."""
+    from trialbox.bench.cluster import _scale_run
+    r = asyncio.run(_scale_run(cluster.address, 200, 8, 0.005))
+    assert r["done"] == r["episodes"] == 200 and r["placed"] >= 200
+    assert r["driver_cpu_us_per_episode"] > 0 and r["episodes_per_s"] > 0

@@ -73,8 +73,9 @@ class ClusterConfig:
     """Nodes that must have joined before `start` returns."""
     join_timeout_s: float = 60.0
     """How long `start` waits for `min_nodes`."""
-    warm: int = 2
-    """Warm cells per namespace pool on each node."""
+    warm: int = 8
+    """Warm cells per namespace pool on each node (the judge's: two per slot in flight
+    is what `trialbox eval` keeps locally; past that the pool grows with demand)."""
     node_runtime_env: dict[str, Any] | None = None
     """Ray runtime_env of the node actors (e.g. a working_dir with trialbox in it)."""
     namespace: str = "trialbox"

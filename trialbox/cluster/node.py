@@ -168,6 +168,16 @@ class Node:
         self.stats.lease_ids.append(lease_id)
         return out
 
+    async def timed_runs(self, name: str, payloads: list[Any]) -> list[float]:
+        """Milliseconds of each run of `name` done here, one after another, without the
+        driver (`bench cluster`: what a judged attempt costs on the node itself)."""
+        out = []
+        for p in payloads:
+            t0 = time.perf_counter()
+            await self.workloads[name].run(p, None)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
     async def end_session(self, session: str) -> None:
         state = self.sessions.pop(session, None)
         sb = (state or {}).get("sandbox")
