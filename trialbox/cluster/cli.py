@@ -39,6 +39,10 @@ async def eval_on_ray(args: argparse.Namespace, tasks: dict[str, Task],
                       stdio: StdioJudgeConfig | None, spec: RewardSpec | None,
                       ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     _ray_or_explain()
+    if getattr(args, "image", ""):
+        raise UsageError("--image with --backend ray is not supported yet: the nodes' "
+                         "pools run their own system runtime; drop --image, or run the "
+                         "eval locally")
     from trialbox.cluster.backend import ClusterConfig
     from trialbox.cluster.evaljob import eval_on_cluster
     with open(args.samples, "rb") as f:
