@@ -120,9 +120,9 @@ PROGRAMS: dict[str, tuple[str, str]] = {
 }
 
 BOMBS: dict[str, str] = {
-    # each touches 1 GiB (every page written), under a 256 MiB limit
+    # each touches 1 GiB (bash: 512 MiB; every page written), under a 256 MiB limit
     "python": "b = b'x' * (1 << 30)\nprint(len(b))",
-    "bash": "x=$(head -c 1073741824 /dev/zero | tr '\\0' a); echo ${#x}",
+    "bash": "x=a; for i in $(seq 29); do x=$x$x; done; echo ${#x}",  # 512 MiB string
     "cpp": "#include <vector>\n#include <cstdio>\nint main(){std::vector<char> v(1<<30, 1);"
            "std::printf(\"%d\", (int)v[12345]);}",
     "nodejs": "const b = Buffer.alloc(1 << 30, 1); console.log(b.length);",
