@@ -44,12 +44,15 @@ mount -t devtmpfs dev /dev 2>/dev/null
 ln -s /proc/self/fd /dev/fd; ln -s fd/0 /dev/stdin; ln -s fd/1 /dev/stdout; ln -s fd/2 /dev/stderr
 mkdir -p /dev/shm /dev/pts && mount -t tmpfs shm /dev/shm && mount -t devpts pts /dev/pts
 mkdir -p /tmp/out && mount -t hostfs none /tmp/out -o $work/out
+# Debian 12 boots with IPv6; this UML kernel builds it as a module
+m=/usr/lib/uml/modules/\$(uname -r)/kernel
+ipv6="\$(insmod \$m/lib/crc-ccitt.ko 2>&1; insmod \$m/net/ipv6/ipv6.ko 2>&1)"
 ip link set lo up 2>/dev/null
 export HOME=/tmp PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8 TRIALBOX_EXPECT_CGROUP=2
 export TRIALBOX_TEST_TIME_SCALE=${TRIALBOX_TEST_TIME_SCALE:-10}
 export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
 cd $repo
-echo "guest: \$(uname -r), cgroup2 controllers: \$(cat /sys/fs/cgroup/cgroup.controllers)" > /tmp/out/log
+echo "guest: \$(uname -r), cgroup2 controllers: \$(cat /sys/fs/cgroup/cgroup.controllers)\${ipv6:+, ipv6: \$ipv6}" > /tmp/out/log
 $python -m pytest -p no:cacheprovider $args >> /tmp/out/log 2>&1
 echo \$? > /tmp/out/status
 sync

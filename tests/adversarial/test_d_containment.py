@@ -94,6 +94,9 @@ def test_a_output_pipe_held_open_past_the_process_tree(runner):
             t = time.monotonic()
             r = await sb.exec(["python3", "main.py"], pass_fds={3: theirs.fileno()})
             took = time.monotonic() - t
+            # the sandbox took ownership and closed it: our socket object must not close
+            # the number again when collected (by then it may be another descriptor's)
+            theirs.detach()
             again = await run_code(sb, "print('next')")
             return r, took, again
     try:
