@@ -222,7 +222,10 @@ def test_nothing_is_left_after_close_or_after_a_killed_session(snap_runner):
         # kill one fork's whole cell in the middle of a run
         victim = forks[1]
         run = asyncio.ensure_future(victim.exec([PY, "-c", "import time; time.sleep(300)"]))
-        await asyncio.sleep(0.3)
+        for _ in range(3000):  # until the program runs (a kill before would be retried)
+            if victim._current is not None and victim._current.started:
+                break
+            await asyncio.sleep(0.01)
         assert victim.cell is not None and not run.done()
         pool.cgroups.kill_all(victim.cell.rel)  # every process of the cell, its init too
         r = await asyncio.wait_for(run, 10)
