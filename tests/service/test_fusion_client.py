@@ -19,8 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-sandbox_fusion = pytest.importorskip("sandbox_fusion")  # the dev extra: pip install -e .[dev]
-from sandbox_fusion import (  # noqa: E402
+from sandbox_fusion import (  # the dev extra (pip install -e .[dev]); never skipped
     CommandRunStatus,
     RunCodeRequest,
     RunCodeResponse,
@@ -31,7 +30,7 @@ from sandbox_fusion import (  # noqa: E402
     run_jupyter,
 )
 
-from tests.service.conftest import Server  # noqa: E402
+from tests.service.conftest import Server
 
 MiB = 1 << 20
 
