@@ -22,6 +22,8 @@ need=()
 [ -x /usr/sbin/runc ] || need+=(runc)
 [ -x /usr/bin/crun ] || need+=(crun)
 [ -x /usr/bin/linux ] || need+=(user-mode-linux)
+#   zstd — compresses saved session snapshots (trialbox/sandbox/snapshot_archive.py)
+[ -x /usr/bin/zstd ] || need+=(zstd)
 #   prometheus — its `promtool test rules` checks the shipped alert rules
 #                (trialbox/telemetry/alerts.yml) in tests/telemetry/test_alerts.py
 [ -x /usr/bin/promtool ] || need+=(prometheus)

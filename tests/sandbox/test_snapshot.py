@@ -22,6 +22,7 @@ from tests.conftest import Runner
 
 LIM = Limits(wall_s=30, cpu_s=30, memory_mb=256, disk_mb=32, output_bytes=1 << 16)
 PY = "python3"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +283,7 @@ def test_a_killed_supervisor_leaves_nothing_a_new_pool_does_not_reap(tmp_path):
     state = str(tmp_path / "state")
     proc = subprocess.run([sys.executable, "-c", KILLED_SUPERVISOR, state],
                           capture_output=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                          env=dict(os.environ, PYTHONPATH=REPO))
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     dead = proc.stdout.decode().strip()
     left = mounts_under(os.path.join(state, dead))
