@@ -21,10 +21,11 @@ from typing import Any, Protocol, TypeVar
 
 from trialbox.errors import InfraError, UsageError
 from trialbox.judge.evaluate import reward_of
-from trialbox.judge.function import JudgeConfig, judge_function, judge_pool_config, open_harness
-from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
+from trialbox.judge.function import JudgeConfig, judge_pool_config, open_harness
+from trialbox.judge.grade import grade
+from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.rollout.text import extract_code
-from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.types import Grade, Outcome, Task, TaskKind
 
@@ -77,7 +78,7 @@ class Grader:
         self._pool: CellPool | None = None
         self._starting: asyncio.Lock | None = None
         self._slots: asyncio.Semaphore | None = None
-        self._harnesses: list[NamespaceSandbox] = []
+        self._harnesses: list[Sandbox] = []
         self._closed = False
 
     async def __aenter__(self) -> Grader:
@@ -101,26 +102,28 @@ class Grader:
 
     async def grade(self, task: Task, completion: str) -> Grade:
         """The trusted grade of `completion` (function tasks: appended to the prompt;
-        stdio tasks: the whole program). A sandbox that cannot be had is an INFRA grade."""
+        stdio tasks: the whole program; `judge.grade.grade`). A sandbox that cannot be
+        had is an INFRA grade."""
+        if task.kind not in (TaskKind.FUNCTION, TaskKind.STDIO):
+            raise UsageError(f"{task.task_id}: the integrations grade function and "
+                             f"stdio tasks, not {task.kind.value!r} ones")
         pool = await self.pool()
         assert self._slots is not None
         async with self._slots:
+            if task.kind is TaskKind.STDIO:
+                return await grade(task, completion, pool,
+                                   stdio_config=self.config.stdio_judge,
+                                   language=self.config.language)
             try:
-                if task.kind is TaskKind.STDIO:
-                    return await judge_stdio(task, completion, pool, self.config.stdio_judge,
-                                             self.config.language)
-                if task.kind is not TaskKind.FUNCTION:
-                    raise UsageError(f"{task.task_id}: the integrations grade function and "
-                                     f"stdio tasks, not {task.kind.value!r} ones")
                 harness = self._harnesses.pop() if self._harnesses else \
                     await open_harness(pool, self.config.judge)
-                try:
-                    return await judge_function(task, completion, pool, self.config.judge,
-                                                harness)
-                finally:
-                    self._harnesses.append(harness)
             except InfraError as e:
                 return Grade(task.task_id, Outcome.INFRA, message=f"the judge's sandbox: {e}")
+            try:
+                return await grade(task, completion, pool, config=self.config.judge,
+                                   harness=harness)
+            finally:
+                self._harnesses.append(harness)
 
     async def close(self) -> None:
         """Close the harness sessions and the pool. Idempotent."""

@@ -14,6 +14,7 @@ pass@1, counts per outcome, and whether repeated gradings agreed (determinism).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -23,22 +24,15 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
-from trialbox.judge.function import JudgeConfig, judge_function, open_harness
-from trialbox.judge.repo import RepoJudgeConfig, judge_repo
+from trialbox.judge.function import JudgeConfig, open_harness
+from trialbox.judge.grade import grade
+from trialbox.judge.repo import RepoJudgeConfig
 from trialbox.judge.repo_tree import candidate_tree
 from trialbox.store.patches import TreeError
-from trialbox.judge.reward import (
-    RewardSpec,
-    efficiency_score,
-    memory_score,
-    reward,
-    style_findings,
-    style_score,
-)
-from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
+from trialbox.judge.reward import RewardSpec, reward, score, style_findings, style_score
+from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.sandbox.languages import language
-from trialbox.sandbox.namespace import NamespaceSandbox
-from trialbox.sandbox.pool import CellPool
+from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.types import Grade, Outcome, Task, TaskKind, TestResult
 
 
@@ -116,8 +110,9 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade],
                 "message": sample, "flags": [], "tests": [], "wall_ms": 0.0}
     g = grades[0]
     extra: dict[str, Any] = {}
-    if spec is None or spec.binary:
-        rewards = [reward_of(x) for x in grades]
+    spec = spec or _BINARY
+    if spec.binary:
+        rewards = [score(x, spec).reward for x in grades]
     else:  # weighted: style from ruff, efficiency and memory against the reference
         if lines is None:
             lines = max(1, str(sample.get("completion", "")).count("\n") + 1)
@@ -125,19 +120,14 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade],
         ref = reference or Reference()
         if by_cpu:  # repository tasks: CPU of the whole run, from its cgroup
             ref_ms = ref.cpu_ms if ref.times else None
-            effs = [efficiency_score(x.candidate_cpu_ms, ref_ms) if x.passed else None
-                    for x in grades]
         else:
             ref_ms = sum(ref.times.values()) if ref.times else None
-            effs = [efficiency_score(sum(t.ms for t in x.tests), ref_ms) if x.passed
-                    else None for x in grades]
         ref_mem = ref.peak_memory_bytes if ref.times else None
-        mems = [memory_score(x.candidate_peak_memory_bytes, ref_mem) if x.passed else None
-                for x in grades]
-        rewards = [reward(x, spec, style=s_score, efficiency=e, memory=m)
-                   for x, e, m in zip(grades, effs, mems, strict=True)]
+        scored = [score(x, spec, style=s_score, reference_ms=ref_ms, reference_bytes=ref_mem,
+                        by_cpu=by_cpu) for x in grades]
+        rewards = [x.reward for x in scored]
         extra = {"style_findings": list(style or ()), "style": s_score,
-                 "efficiency": effs[0], "memory": mems[0],
+                 "efficiency": scored[0].efficiency, "memory": scored[0].memory,
                  "reference_peak_memory_bytes": ref_mem}
     return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0], **extra,
             "outcome": g.outcome.value, "message": g.message, "flags": list(g.flags),
@@ -180,7 +170,7 @@ class Evaluator:
     fresh sandbox of its own. A task's reference solution is measured once per Evaluator,
     when something uses it (scaled time limits, efficiency or memory scores)."""
 
-    def __init__(self, tasks: dict[str, Task], pool: CellPool, *, workers: int = 4,
+    def __init__(self, tasks: dict[str, Task], pool: SandboxProvider, *, workers: int = 4,
                  config: JudgeConfig | None = None,
                  stdio_config: StdioJudgeConfig | None = None,
                  repo_config: RepoJudgeConfig | None = None,
@@ -191,7 +181,7 @@ class Evaluator:
         self.config, self.stdio_config, self.repo_config = config, stdio_config, repo_config
         self.reward_spec = reward_spec
         self.weighted = reward_spec is not None and not reward_spec.binary
-        self.harnesses: asyncio.Queue[NamespaceSandbox] = asyncio.Queue()
+        self.harnesses: asyncio.Queue[Sandbox] = asyncio.Queue()
         self.slots = asyncio.Semaphore(workers)  # stdio and repo attempts need no harness
         self.references: dict[str, asyncio.Future[Reference]] = {}
 
@@ -250,25 +240,20 @@ class Evaluator:
         return scaled or (self.weighted and spec is not None
                           and (spec.efficiency > 0 or spec.memory > 0))
 
-    async def _measure(self, task: Task, harness: NamespaceSandbox | None) -> Reference:
+    async def _measure(self, task: Task, harness: Sandbox | None) -> Reference:
         """Grade the reference solution once (unscaled limits for stdio)."""
-        pool = self.pool
-        if task.kind is TaskKind.FUNCTION:
-            g = await judge_function(task, task.canonical_solution, pool, self.config,
-                                     harness)
-        elif task.kind is TaskKind.STDIO:
-            stdio_config = self.stdio_config
-            unscaled = replace(stdio_config, time_scale=None) if stdio_config else None
-            g = await judge_stdio(task, task.canonical_solution, pool, unscaled)
-        else:
-            g = await judge_repo(task, task.canonical_solution, pool, self.repo_config)
+        stdio_config = self.stdio_config
+        unscaled = replace(stdio_config, time_scale=None) if stdio_config else None
+        g = await grade(task, task.canonical_solution, self.pool, config=self.config,
+                        stdio_config=unscaled, repo_config=self.repo_config,
+                        harness=harness)
         if not g.passed:
             return Reference()
         return Reference({t.name: t.ms for t in g.tests}, g.candidate_peak_memory_bytes,
                          g.candidate_cpu_ms)
 
     async def reference_for(self, task: Task,
-                            harness: NamespaceSandbox | None = None) -> Reference:
+                            harness: Sandbox | None = None) -> Reference:
         """The reference solution's measurements, once per task, when something uses
         them (scaled time limits, efficiency or memory scores)."""
         if not task.canonical_solution or not self._wants_reference(task):
@@ -287,27 +272,23 @@ class Evaluator:
         measurements the grade was made against (the row's efficiency and memory scores
         need them again)."""
         task = self.tasks[sample["task_id"]]
-        if task.kind is TaskKind.FUNCTION:
+        answer: Any = sample["files"] if "completion" not in sample else sample["completion"]
+        judge = functools.partial(grade, task, answer, self.pool, config=self.config,
+                                  stdio_config=self.stdio_config,
+                                  repo_config=self.repo_config,
+                                  language=sample.get("language", "python"))
+        if task.kind is TaskKind.FUNCTION:  # a shared trusted harness session
             harness = await self.harnesses.get()
             try:
                 reference = await self.reference_for(task, harness)
-                grade = await judge_function(task, sample["completion"], self.pool,
-                                             self.config, harness, reference.times)
+                g = await judge(harness=harness, reference=reference.times)
             finally:
                 self.harnesses.put_nowait(harness)
-            return grade, reference
+            return g, reference
         async with self.slots:
             reference = await self.reference_for(task)
-            if task.kind is TaskKind.STDIO:
-                grade = await judge_stdio(task, sample["completion"], self.pool,
-                                          self.stdio_config,
-                                          sample.get("language", "python"),
-                                          reference.times)
-            else:
-                answer: Any = (sample["files"] if "completion" not in sample
-                               else sample["completion"])
-                grade = await judge_repo(task, answer, self.pool, self.repo_config)
-        return grade, reference
+            g = await judge(reference=reference.times)
+        return g, reference
 
     async def row(self, sample: dict[str, Any], grades: list[Grade],
                   reference: Reference) -> dict[str, Any]:
@@ -351,7 +332,7 @@ class Evaluator:
 
 
 async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | str],
-                   pool: CellPool, *, repeat: int = 1, workers: int = 4,
+                   pool: SandboxProvider, *, repeat: int = 1, workers: int = 4,
                    config: JudgeConfig | None = None,
                    stdio_config: StdioJudgeConfig | None = None,
                    repo_config: RepoJudgeConfig | None = None,

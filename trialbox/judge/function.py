@@ -34,9 +34,9 @@ import time
 import weakref
 from dataclasses import dataclass, field, replace
 from functools import cache
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
-from trialbox.errors import UsageError
+from trialbox.errors import SandboxUnavailable, UsageError
 from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra_retries
 from trialbox.judge.anticheat import (
     BOUNDARY_DETECTORS,
@@ -46,8 +46,8 @@ from trialbox.judge.anticheat import (
     dynamic_scan,
     static_scan,
 )
-from trialbox.sandbox.namespace import NamespaceSandbox
-from trialbox.sandbox.pool import CellPool, PoolConfig
+from trialbox.sandbox.base import Sandbox, SandboxProvider, passes_fds, preloaded_modules
+from trialbox.sandbox.pool import PoolConfig
 from trialbox.telemetry import traced_grade
 from trialbox.types import (
     ExecResult,
@@ -136,12 +136,25 @@ def _program(name: str) -> bytes:
         return f.read()
 
 
-async def open_harness(pool: CellPool, config: JudgeConfig | None = None) -> NamespaceSandbox:
+_S = TypeVar("_S", bound=Sandbox, covariant=True)
+
+
+class _Opener(Protocol[_S]):
+    """What `open_harness` needs of a provider; typed so that a concrete provider's
+    session type comes back (a `CellPool` gives a `NamespaceSandbox`)."""
+
+    tier: str
+
+    async def open(self, limits: Limits | None = None) -> _S: ...
+
+
+async def open_harness(pool: _Opener[_S], config: JudgeConfig | None = None) -> _S:
     """A session for the trusted harness that several judgements may share, one at a
     time (every process of a run dies with it; only job.json changes between tasks).
     The candidate always gets a fresh session of its own."""
     config = config or JudgeConfig()
-    harness = await NamespaceSandbox.open(pool, config.harness_limits)
+    _check_provider(pool, "open_harness")
+    harness = await pool.open(config.harness_limits)
     await harness.write_file("_trialbox_codec.py", _program("codec.py"))
     await harness.write_file("_trialbox_harness.py", _program("harness_program.py"))
     return harness
@@ -156,7 +169,7 @@ class _HarnessServer:
     compared with a child per job a fork and its copy-on-write faults. Created lazily
     for a session from `open_harness`; a server that dies is started again."""
 
-    def __init__(self, sb: NamespaceSandbox, config: JudgeConfig):
+    def __init__(self, sb: Sandbox, config: JudgeConfig):
         # weakly: the registry below is keyed by the session and must not keep it alive
         self._sb = weakref.ref(sb)
         self.config = config
@@ -165,7 +178,7 @@ class _HarnessServer:
         self.seq = 0
 
     @property
-    def sb(self) -> NamespaceSandbox:
+    def sb(self) -> Sandbox:
         sb = self._sb()
         if sb is None:
             raise UsageError("the harness session of this server is gone")
@@ -263,19 +276,19 @@ under glibc's mmap threshold (128 KiB): a 128 KiB receive buffer was a fresh map
 made and unmapped on every reply (~20 us)."""
 
 
-_servers: weakref.WeakKeyDictionary[NamespaceSandbox, _HarnessServer] = \
+_servers: weakref.WeakKeyDictionary[Sandbox, _HarnessServer] = \
     weakref.WeakKeyDictionary()
 
 
-def _server_for(harness: NamespaceSandbox, config: JudgeConfig) -> _HarnessServer:
+def _server_for(harness: Sandbox, config: JudgeConfig) -> _HarnessServer:
     server = _servers.get(harness)
     if server is None:
         server = _servers[harness] = _HarnessServer(harness, config)
     return server
 
 
-async def reference_times(task: Task, pool: CellPool, config: JudgeConfig | None = None,
-                          harness: NamespaceSandbox | None = None) -> dict[str, float]:
+async def reference_times(task: Task, pool: SandboxProvider, config: JudgeConfig | None = None,
+                          harness: Sandbox | None = None) -> dict[str, float]:
     """Per-test times (ms, as the harness measured them) of the task's reference
     solution, for `JudgeConfig.time_scale`; empty when it has none or it does not pass."""
     if not task.canonical_solution:
@@ -285,9 +298,9 @@ async def reference_times(task: Task, pool: CellPool, config: JudgeConfig | None
 
 
 @traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
-async def judge_function(task: Task, completion: str, pool: CellPool,
+async def judge_function(task: Task, completion: str, pool: SandboxProvider,
                          config: JudgeConfig | None = None,
-                         harness: NamespaceSandbox | None = None,
+                         harness: Sandbox | None = None,
                          reference: dict[str, float] | None = None,
                          seed: int | None = None) -> Grade:
     """Grade `completion` (appended to `task.prompt`) against the task's tests.
@@ -306,6 +319,7 @@ async def judge_function(task: Task, completion: str, pool: CellPool,
                          f"{type(completion).__name__}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise UsageError(f"{task.task_id}: seed must be an int or None, got {seed!r}")
+    _check_provider(pool, task.task_id)
     static = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
     unrun = None if config.run_static_cheats else _static_cheat(task, static)
     if unrun is not None:
@@ -335,8 +349,8 @@ def _static_cheat(task: Task, flags: tuple[Flag, ...]) -> Grade | None:
                          f"no run can change this verdict)"[:2000])
 
 
-async def _judge(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
-                 harness: NamespaceSandbox | None, reference: dict[str, float],
+async def _judge(task: Task, completion: str, pool: SandboxProvider, config: JudgeConfig,
+                 harness: Sandbox | None, reference: dict[str, float],
                  seed: int | None, with_control: bool,
                  static: tuple[Flag, ...] | None = None) -> Grade:
     program, name = control_program(task)
@@ -365,15 +379,15 @@ def control_program(task: Task) -> tuple[str, str]:
             "a trivial program (every call answers None)")
 
 
-async def _attempt(task: Task, completion: str, pool: CellPool, config: JudgeConfig,
-                   shared: NamespaceSandbox | None, reference: dict[str, float],
+async def _attempt(task: Task, completion: str, pool: SandboxProvider, config: JudgeConfig,
+                   shared: Sandbox | None, reference: dict[str, float],
                    seed: int | None, static: tuple[Flag, ...] | None = None) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     job = _job(task, config, reference)
     job["seed"] = seed = secrets.randbits(63) if seed is None else seed
-    cand = await NamespaceSandbox.open(pool, config.candidate_limits)
+    cand = await pool.open(config.candidate_limits)
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
     report: dict[str, Any] | None = None
@@ -425,9 +439,24 @@ def _job(task: Task, config: JudgeConfig, reference: dict[str, float]) -> dict[s
                       for t in tests]}
 
 
-def _preloaded(pool: CellPool) -> bool:
-    names = {name for name, _src in pool.config.preload_sources}
-    return {"_trialbox_codec", "_trialbox_stub"} <= names
+_STUB_MODULES = frozenset({"_trialbox_codec", "_trialbox_stub"})
+
+
+def _preloaded(pool: SandboxProvider) -> bool:
+    """Whether the candidate's interpreter already holds the stub and the codec (a judge
+    pool, `judge_pool_config`), or they must be written into its workspace."""
+    return _STUB_MODULES <= preloaded_modules(pool)
+
+
+def _check_provider(pool: _Opener[Any], task_id: str) -> None:
+    """The function judge joins its two sandboxes by a socketpair handed over as fd 3
+    (`Sandbox.exec(pass_fds=...)`): a tier that cannot pass an fd cannot run it."""
+    if not passes_fds(pool):
+        raise SandboxUnavailable(
+            f"{task_id}: the function judge needs a tier that passes file descriptors into "
+            f"a sandbox (the candidate and the harness talk over a socketpair), and the "
+            f"{pool.tier} tier's provider cannot (its passes_fds is False); judge function "
+            f"tasks on the namespace, gvisor or container tier")
 
 
 def _job_deadline(job: dict[str, Any], config: JudgeConfig) -> float:
@@ -438,7 +467,7 @@ def _job_deadline(job: dict[str, Any], config: JudgeConfig) -> float:
 
 
 def _server_result(report: dict[str, Any] | None, nonce: str, why: str, broken: bool,
-                   pool: CellPool) -> ExecResult:
+                   pool: SandboxProvider) -> ExecResult:
     """The harness server's answer in the shape of a one-shot harness run, for
     `_grade` (which takes the report itself beside it), a broken server as `infra`."""
     if broken:

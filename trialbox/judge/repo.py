@@ -63,8 +63,7 @@ from trialbox.judge.repo_tree import (
 )
 from trialbox.store.patches import TreeError
 from trialbox.judge.retry import Control, control_of, with_infra_retries
-from trialbox.sandbox.namespace import NamespaceSandbox
-from trialbox.sandbox.pool import CellPool
+from trialbox.sandbox.base import SandboxProvider
 from trialbox.telemetry import traced_grade
 from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Outcome, Task, TaskKind, \
     TestResult
@@ -133,7 +132,7 @@ def graded_modules(task: Task) -> list[str]:
 
 
 @traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
-async def judge_repo(task: Task, answer: Answer, pool: CellPool,
+async def judge_repo(task: Task, answer: Answer, pool: SandboxProvider,
                      config: RepoJudgeConfig | None = None) -> Grade:
     """Grade the candidate's `answer` (a unified diff, or a files overlay) against the
     task's trusted tests, hidden first in the results, then visible."""
@@ -267,7 +266,7 @@ def _ini() -> bytes:
             "console_output_style = classic\n").encode()
 
 
-async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
+async def _attempt(task: Task, tree: CandidateTree, pool: SandboxProvider,
                    config: RepoJudgeConfig) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
@@ -279,7 +278,7 @@ async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
            "trusted": {f"{repo}/{p}": hashlib.sha256(d).hexdigest()
                        for p, d in trusted.items() if p.endswith(".py")},
            "tests": [f"{repo}/{p}" for p in modules]}
-    sb = await NamespaceSandbox.open(pool, config.limits)
+    sb = await pool.open(config.limits)
     ours, theirs = socket.socketpair()
     try:
         await sb.write_file(f"{JUDGE_DIR}/{RUNNER}", _runner_program())
@@ -312,7 +311,7 @@ async def _attempt(task: Task, tree: CandidateTree, pool: CellPool,
     return _grade(task, modules, nonce, data, r, (time.monotonic() - t0) * 1e3)
 
 
-async def _attempt_trusted(task: Task, tree: CandidateTree, pool: CellPool,
+async def _attempt_trusted(task: Task, tree: CandidateTree, pool: SandboxProvider,
                            config: RepoJudgeConfig) -> Grade:
     """The trusted tier: pytest and the tests in a sandbox of their own, which no
     candidate code enters; the candidate's tree, without the hidden tests, in another,
@@ -333,9 +332,9 @@ async def _attempt_trusted(task: Task, tree: CandidateTree, pool: CellPool,
     lim = config.limits
     tests_limits = replace(lim, wall_s=lim.wall_s + _TRUSTED_EXTRA_S,
                            cpu_s=lim.cpu_s + _TRUSTED_EXTRA_S)
-    cand = await NamespaceSandbox.open(pool, lim)
+    cand = await pool.open(lim)
     try:
-        sb = await NamespaceSandbox.open(pool, tests_limits)
+        sb = await pool.open(tests_limits)
     except BaseException:
         await cand.close()
         raise
@@ -410,7 +409,10 @@ async def _read_all(loop: asyncio.AbstractEventLoop, sock: socket.socket,
     chunks: list[bytes] = []
     size = 0
     while True:
-        chunk = await loop.sock_recv(sock, 1 << 16)
+        try:
+            chunk = await loop.sock_recv(sock, 1 << 16)
+        except ConnectionResetError:  # the run ended with our job unread: over, too
+            chunk = b""
         if first_line is not None and (b"\n" in chunk or not chunk):
             first_line.set()
         if not chunk:

@@ -1,7 +1,9 @@
 """Rewards: turning a `Grade` (and optional style / efficiency scores) into one number.
 
 Each component is a small pure function with a value in [0, 1]; `reward` combines them
-under a `RewardSpec`, chosen once when the trainer or `trialbox eval` is set up:
+under a `RewardSpec`, chosen once when the trainer or `trialbox eval` is set up, and
+`score` is the one composition every caller uses (it measures efficiency and memory
+against the reference, and takes the multi-turn penalty off):
 
     pass rate      grade.pass_rate                       (tests passed / tests)
     all passed     1.0 if grade.passed else 0.0          (a bonus for a full pass)
@@ -46,9 +48,16 @@ class RewardSpec:
     """Weight of the memory score (`memory_score`; peak memory against the reference)."""
     binary: bool = True
     """1.0 if the grade passed else 0.0 (the usual RL choice); False: weighted mean."""
+    turn_penalty: float = 0.0
+    """Subtracted from an episode's reward per turn after the first (`score(turns=)`;
+    multi-turn agent episodes); 0: no penalty. Not a weight: binary specs take it too."""
 
     def __post_init__(self) -> None:
-        weights = [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "binary"]
+        tp = self.turn_penalty
+        if isinstance(tp, bool) or not isinstance(tp, (int, float)) or not 0 <= tp <= 1:
+            raise UsageError(f"RewardSpec: turn_penalty={tp!r} must be a number in [0, 1]")
+        weights = [(f.name, getattr(self, f.name)) for f in fields(self)
+                   if f.name not in ("binary", "turn_penalty")]
         for name, w in weights:
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
                     or w < 0:
@@ -221,3 +230,47 @@ def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
                          "was given; pass style=/efficiency=/memory=, or give pass_rate a "
                          "weight")
     return min(1.0, sum(w * v for w, v in present) / total)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A grade's reward under a spec, with the components it was composed from (None:
+    not measured — binary specs, a failed attempt, no reference)."""
+
+    reward: float | None
+    """The reward; None when the grade is excluded (INFRA, ERROR)."""
+    style: float | None
+    """The style score given to `score`."""
+    efficiency: float | None
+    """Efficiency against the reference (weighted specs, passing attempts)."""
+    memory: float | None
+    """Peak memory against the reference (weighted specs, passing attempts)."""
+
+
+def score(grade: Grade, spec: RewardSpec, *, style: float | None = None,
+          reference_ms: float | None = None, reference_bytes: int | None = None,
+          by_cpu: bool = False, turns: int = 1) -> Scored:
+    """The reward of `grade` under `spec`: the one place rewards are composed.
+
+    Weighted specs: a passing attempt's efficiency is its time against `reference_ms`
+    (the sum of its per-test times; `by_cpu`: its sandbox's CPU time, for repository
+    tasks whose per-test times come from inside the candidate), its memory score its
+    sandbox's peak against `reference_bytes`; `style` is given (`style_score`). Then
+    `spec.turn_penalty` per turn after the first comes off a reward that is not None.
+
+    >>> score(Grade("t", Outcome.PASSED), RewardSpec(turn_penalty=0.25), turns=3).reward
+    0.5"""
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise UsageError(f"score: turns={turns!r} must be an int >= 1")
+    eff = mem = None
+    if spec.binary:
+        r = reward(grade, spec)
+    else:
+        if grade.passed:
+            cand_ms = grade.candidate_cpu_ms if by_cpu else sum(t.ms for t in grade.tests)
+            eff = efficiency_score(cand_ms, reference_ms)
+            mem = memory_score(grade.candidate_peak_memory_bytes, reference_bytes)
+        r = reward(grade, spec, style=style, efficiency=eff, memory=mem)
+    if r is not None and turns > 1:
+        r -= spec.turn_penalty * (turns - 1)
+    return Scored(r, style, eff, mem)

@@ -35,8 +35,7 @@ from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_sc
 from trialbox.judge.retry import Control, control_of, with_infra_retries
 from trialbox.sandbox import languages
 from trialbox.sandbox.languages import Language, compile_limits_for
-from trialbox.sandbox.namespace import NamespaceSandbox
-from trialbox.sandbox.pool import CellPool
+from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.telemetry import traced_grade
 from trialbox.types import (
     Compare,
@@ -143,7 +142,7 @@ class _Excluded(Exception):
         self.message = message
 
 
-async def reference_times(task: Task, pool: CellPool,
+async def reference_times(task: Task, pool: SandboxProvider,
                           config: StdioJudgeConfig | None = None) -> dict[str, float]:
     """Per-test wall times (ms, the supervisor's clock) of the task's reference solution
     (Python), for `StdioJudgeConfig.time_scale` and efficiency scores; empty when it has
@@ -156,7 +155,7 @@ async def reference_times(task: Task, pool: CellPool,
 
 
 @traced_grade  # span judge.grade, outcomes, flags, grading time (telemetry)
-async def judge_stdio(task: Task, source: str, pool: CellPool,
+async def judge_stdio(task: Task, source: str, pool: SandboxProvider,
                       config: StdioJudgeConfig | None = None,
                       language: str = "python",
                       reference: dict[str, float] | None = None) -> Grade:
@@ -194,12 +193,12 @@ def control_program(task: Task) -> tuple[str, str]:
     return "pass\n", "a trivial program (prints nothing)"
 
 
-async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
+async def _attempt(task: Task, source: str, spec: Language, pool: SandboxProvider,
                    config: StdioJudgeConfig, reference: dict[str, float]) -> Grade:
     t0 = time.monotonic()
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     runs: list[ExecResult] = []
-    cand = await NamespaceSandbox.open(pool, config.limits)
+    cand = await pool.open(config.limits)
     checker = _Checker(task, pool, config.checker_limits)
     try:
         results, message = await _run_tests(task, source, spec, tests, cand, checker,
@@ -215,7 +214,7 @@ async def _attempt(task: Task, source: str, spec: Language, pool: CellPool,
 
 
 async def _run_tests(task: Task, source: str, spec: Language,
-                     tests: list[tuple[TestCase, bool]], cand: NamespaceSandbox,
+                     tests: list[tuple[TestCase, bool]], cand: Sandbox,
                      checker: _Checker, config: StdioJudgeConfig, runs: list[ExecResult],
                      reference: dict[str, float]) -> tuple[tuple[TestResult, ...], str]:
     """Per-test results, and a message when the program never ran (did not compile)."""
@@ -377,13 +376,13 @@ class _Checker:
     """The task's trusted checker in a session of its own, opened at first use and shared
     by the attempt's tests (only its data files change between them)."""
 
-    def __init__(self, task: Task, pool: CellPool, limits: Limits):
+    def __init__(self, task: Task, pool: SandboxProvider, limits: Limits):
         self.task, self.pool, self.limits = task, pool, limits
-        self.sb: NamespaceSandbox | None = None
+        self.sb: Sandbox | None = None
 
     async def run(self, test: TestCase, actual: bytes) -> ExecResult:
         if self.sb is None:
-            self.sb = await NamespaceSandbox.open(self.pool, self.limits)
+            self.sb = await self.pool.open(self.limits)
             await self.sb.write_file("checker.py", self.task.checker.encode(
                 "utf-8", errors="surrogateescape"))
         for name, data in (("input", test.stdin), ("expected", test.expected),

@@ -148,3 +148,24 @@ class Snapshottable(Protocol):
     async def fork(self, n: int, limits: Limits | None = None) -> Sequence[Sandbox]:
         """`n` new sessions starting from this one's files as they are now."""
         ...
+
+
+# Optional capabilities. A provider may declare these attributes; the helpers below read
+# them, with the answer that holds for a provider that does not.
+
+def preloaded_modules(provider: object) -> frozenset[str]:
+    """Modules every session's interpreter of `provider` has already imported (its
+    `preloaded_modules` attribute: the namespace tier's zygote preloads sources given in
+    `PoolConfig.preload_sources`), so a program run there need not be written into the
+    workspace to be importable. Empty when the provider does not say: write it in."""
+    names = getattr(provider, "preloaded_modules", None)
+    return frozenset(names) if names else frozenset()
+
+
+def passes_fds(provider: object) -> bool:
+    """Whether `Sandbox.exec(pass_fds=...)` works in the sessions of `provider` (its
+    `passes_fds` attribute). The interface promises it, so a provider that does not say
+    passes them (the namespace, gvisor and container tiers, and the fake, all do); a
+    provider that cannot (e.g. sessions on another machine) declares
+    `passes_fds = False`, and what needs an fd refuses it with `SandboxUnavailable`."""
+    return bool(getattr(provider, "passes_fds", True))

@@ -99,9 +99,12 @@ class FakeProvider:
 
     tier = "fake"
 
-    def __init__(self, handler: Handler = _ok, runtime: Runtime = FAKE_RUNTIME):
+    def __init__(self, handler: Handler = _ok, runtime: Runtime = FAKE_RUNTIME, *,
+                 passes_fds: bool = True):
         self.handler = handler
         self.runtime = runtime
+        self.passes_fds = passes_fds
+        """base.passes_fds: False plays a tier that cannot hand fds into a sandbox."""
         self.opened: list[FakeSandbox] = []
 
     async def open(self, limits: Limits | None = None) -> FakeSandbox:

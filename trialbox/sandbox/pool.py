@@ -454,6 +454,8 @@ class CellPool:
 
     def __init__(self, config: PoolConfig | None = None):
         self.config = config or PoolConfig()
+        self.preloaded_modules = frozenset(n for n, _src in self.config.preload_sources)
+        """base.preloaded_modules: the sources the zygote imports into every session."""
         self.id = owner_id()
         self.dir = os.path.join(self.config.state_dir, self.id)
         self.root = os.path.join(self.dir, "root")
