@@ -177,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="journal every attempt (sample x repeat) as a scheduler task in "
                    "this SQLite file: watch it with `trialbox tasks status RUN --db FILE`, "
                    "finish it after a crash with --resume")
+    e.add_argument("--tier", choices=["namespace", "gvisor", "container"],
+                   default="namespace",
+                   help="isolation tier every attempt is judged in (default namespace); "
+                   "a tier this node cannot run is an error, never a fallback")
     e.add_argument("--run", default="eval", metavar="NAME",
                    help="the run's name in --db (default 'eval')")
     e.add_argument("--resume", action="store_true",
@@ -272,10 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def _eval(args: argparse.Namespace) -> int:
     from trialbox.judge.evaluate import Evaluator, evaluate, progress_bar, read_samples
-    from trialbox.judge.function import JudgeConfig, judge_pool_config
+    from trialbox.judge.function import JudgeConfig
+    from trialbox.judge.provider import judge_provider
     from trialbox.judge.reward import RewardSpec
     from trialbox.judge.stdio import StdioJudgeConfig
-    from trialbox.sandbox import CellPool
     from trialbox.store.tasks import index, load_tasks
     if args.resume and not args.db:
         raise UsageError("--resume needs --db FILE: the journal of the eval run to finish")
@@ -312,25 +316,24 @@ async def _eval(args: argparse.Namespace) -> int:
                                          reward=args.reward, time_scale=args.time_scale,
                                          amplified=args.amplified)
         journal = open_run(args.db, args.run, fingerprint, args.resume)
-    pool = await CellPool(judge_pool_config(warm=min(2 * args.workers, 32),
-                                            image=args.image)).start()
     try:
-        if journal is not None:
-            ev = Evaluator(tasks, pool, workers=args.workers, config=config,
-                           stdio_config=stdio, reward_spec=spec)
-            rows, summary, info = await evaluate_journaled(
-                journal, args.run, ev, samples, repeat=args.repeat,
-                fingerprint=fingerprint, resume=args.resume, progress=progress_bar)
-            print(f"trialbox: eval run {info.run_id!r} in {args.db}: {info.graded_now} "
-                  f"attempts graded now, {info.read_back} read back from the journal",
-                  file=sys.stderr)
-        else:
-            rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
-                                           workers=args.workers, config=config,
-                                           stdio_config=stdio,
-                                           reward_spec=spec, progress=progress_bar)
+        async with judge_provider(args.tier, warm=min(2 * args.workers, 32),
+                                  image=args.image) as pool:
+            if journal is not None:
+                ev = Evaluator(tasks, pool, workers=args.workers, config=config,
+                               stdio_config=stdio, reward_spec=spec)
+                rows, summary, info = await evaluate_journaled(
+                    journal, args.run, ev, samples, repeat=args.repeat,
+                    fingerprint=fingerprint, resume=args.resume, progress=progress_bar)
+                print(f"trialbox: eval run {info.run_id!r} in {args.db}: {info.graded_now} "
+                      f"attempts graded now, {info.read_back} read back from the journal",
+                      file=sys.stderr)
+            else:
+                rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
+                                               workers=args.workers, config=config,
+                                               stdio_config=stdio, reward_spec=spec,
+                                               progress=progress_bar)
     finally:
-        await pool.close()
         if journal is not None:
             journal.close()
     return _write_rows(args.out, rows, summary)
