@@ -290,9 +290,11 @@ async def _eval(args: argparse.Namespace) -> int:
         from trialbox.judge.amplify import apply, load
         loaded = apply(loaded, load(args.amplified))
     tasks = index(loaded)
-    from trialbox.sandbox.tiers import check_routable  # a task's risk picks its tier
-    check_routable(tasks.values(), {"namespace": None, **{t: EVAL_NAMESPACE_ONLY for t in (
-        "container", "gvisor")}})
+    from trialbox.sandbox.tiers import STRENGTH, check_routable  # risk picks the tier:
+    check_routable(tasks.values(), {  # --tier may be stronger than a task's, never weaker
+        t: None if STRENGTH[t] <= STRENGTH[args.tier] else
+        f"`trialbox eval --tier {args.tier}` judges every task in the {args.tier} tier; "
+        f"pass --tier {t}" for t in ("namespace", "container", "gvisor")})
     samples = read_samples(args.samples)
     out_dir = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK) or (
@@ -350,10 +352,6 @@ def _write_rows(path: str, rows: list[dict[str, Any]], summary: dict[str, Any]) 
         raise UsageError(f"cannot write --out {path}: {e.strerror}") from e
     print(json.dumps(summary))
     return 0
-
-
-EVAL_NAMESPACE_ONLY = ("`trialbox eval` grades in the namespace tier only for now (the "
-                       "judges take a CellPool)")
 
 
 def _audit(args: argparse.Namespace) -> int:

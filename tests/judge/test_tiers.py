@@ -10,6 +10,7 @@ A tier is skipped only when `trialbox doctor` says this node cannot run it."""
 from __future__ import annotations
 
 import asyncio
+import textwrap
 from collections.abc import Iterator
 
 import pytest
@@ -31,6 +32,14 @@ EXPLOITS = (("HumanEval/0", "exit0-import"), ("HumanEval/2", "always-equal"),
             ("HumanEval/53", "monkeypatch"), ("HumanEval/162", "frame-walk"))
 
 
+def doctor_says_unavailable(tier: str) -> str:
+    """Why `trialbox doctor` says this node cannot run `tier`, or "" when it can."""
+    check = check_gvisor() if tier == "gvisor" else check_container("runc")
+    report = asyncio.run(check)
+    return "" if report.ok else (f"trialbox doctor: the {tier} tier is unavailable here: "
+                                 f"{report.reason} (fix: {report.fix})")
+
+
 class TierRunner:
     def __init__(self, tier: str) -> None:
         self.tier = tier
@@ -39,12 +48,10 @@ class TierRunner:
         try:
             self.provider: SandboxProvider = self.run(self.cm.__aenter__())
         except SandboxUnavailable:
-            check = check_gvisor() if tier == "gvisor" else check_container("runc")
-            report = self.run(check)
             self.loop.close()
-            if not report.ok:
-                pytest.skip(f"trialbox doctor: the {tier} tier is unavailable here: "
-                            f"{report.reason} (fix: {report.fix})")
+            why = doctor_says_unavailable(tier)
+            if why:
+                pytest.skip(why)
             raise
 
     def run(self, coro: object, timeout: float = 300) -> object:
@@ -87,3 +94,35 @@ def test_canonical_solutions_pass_and_exploits_do_not(tier: TierRunner,
         assert not r["passed"] and r["reward"] == 0.0, (name, r["outcome"], r["message"])
         assert r["outcome"] == "cheat", (name, r["outcome"], r["message"][:300])
         assert not r["tests"] or not all(t["passed"] for t in r["tests"]), (name, r["tests"])
+
+
+def test_eval_cli_judges_in_the_tier_asked_and_refuses_a_weaker_one(tmp_path, capsys,
+                                                                     tasks) -> None:
+    """`trialbox eval --tier container` judges there; a hostile task (gvisor by the
+    default policy) is refused under --tier container, and judged under --tier gvisor."""
+    import json
+
+    from trialbox.cli import main
+    t = tasks["HumanEval/0"]
+    row = {"task_id": t.task_id, "prompt": t.prompt, "entry_point": t.entry_point,
+           "canonical_solution": t.canonical_solution, "risk": "hostile",
+           "test": "def check(candidate):\n" + textwrap.indent(
+               "\n".join([t.test_setup, *(c.code for c in t.hidden_tests)]), "    ")}
+    (tmp_path / "set.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "s.jsonl").write_text(
+        json.dumps({"task_id": t.task_id, "completion": t.canonical_solution}) + "\n"
+        + json.dumps({"task_id": t.task_id, "completion": "    return False\n"}) + "\n")
+    args = ["eval", "--tasks", str(tmp_path / "set.jsonl"), "--samples",
+            str(tmp_path / "s.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--workers", "1"]
+    rc = main([*args, "--tier", "container"])
+    err = capsys.readouterr().err
+    assert rc == 3 and not (tmp_path / "o.jsonl").exists(), err
+    assert "pass --tier gvisor" in err and "never runs it in a weaker tier" in err, err
+    rc = main([*args, "--tier", "gvisor"])
+    out, err = capsys.readouterr()
+    if rc == 3 and (why := doctor_says_unavailable("gvisor")):
+        pytest.skip(why)
+    assert rc == 0, err
+    rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["outcome"] for r in rows] == ["passed", "failed"], rows
+    assert json.loads(out.splitlines()[-1])["pass@1"] == 0.5
