@@ -41,7 +41,7 @@ from typing import Any
 from trialbox.errors import UsageError
 from trialbox.judge import codec
 from trialbox.judge.function import _prompt_setup
-from trialbox.sandbox.namespace import NamespaceSandbox
+from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.pool import CellPool
 from trialbox.types import Limits, Task, TaskKind, TestCase
 
@@ -191,12 +191,12 @@ def _job_task(task: Task) -> dict[str, Any]:
             "tests": [t.code for t in (*task.hidden_tests, *task.visible_tests)]}
 
 
-async def _batch(pool: CellPool, tasks: Sequence[Task], config: AmplifyConfig,
+async def _batch(pool: SandboxProvider, tasks: Sequence[Task], config: AmplifyConfig,
                  params: dict[str, Any]) -> list[dict[str, Any]]:
     budget = config.task_budget_s * 2 * len(tasks) + 30
     limits = Limits(wall_s=budget, cpu_s=budget, memory_mb=1024, disk_mb=16,
                     output_bytes=64 << 20)
-    sb = await NamespaceSandbox.open(pool, limits)
+    sb = await pool.open(limits)
     try:
         for name, src in (("_trialbox_amplify.py", "amplify_program.py"),
                           ("_trialbox_codec.py", "codec.py")):
@@ -213,7 +213,7 @@ async def _batch(pool: CellPool, tasks: Sequence[Task], config: AmplifyConfig,
     return lines
 
 
-async def generate(tasks: Sequence[Task], pool: CellPool, task_set: str,
+async def generate(tasks: Sequence[Task], pool: SandboxProvider, task_set: str,
                    config: AmplifyConfig | None = None) -> Amplified:
     """Amplified tests for the function tasks in `tasks` that have a reference."""
     config = config or AmplifyConfig()
