@@ -177,17 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="journal every attempt (sample x repeat) as a scheduler task in "
                    "this SQLite file: watch it with `trialbox tasks status RUN --db FILE`, "
                    "finish it after a crash with --resume")
-    e.add_argument("--tier", choices=["namespace", "gvisor", "container"],
-                   default="namespace",
-                   help="isolation tier every attempt is judged in (default namespace); "
-                   "a tier this node cannot run is an error, never a fallback")
     e.add_argument("--run", default="eval", metavar="NAME",
                    help="the run's name in --db (default 'eval')")
     e.add_argument("--resume", action="store_true",
                    help="finish the run NAME of --db: attempts already graded are read "
                    "back from the journal, not graded again (same inputs required)")
     from trialbox.cluster.cli import add_backend_arguments
-    add_backend_arguments(e)
+    add_backend_arguments(e)  # also --tier: namespace, gvisor, container
 
     a = sub.add_parser("audit", help="spot-check graded rows: queue, verdicts, error rate")
     asub = a.add_subparsers(dest="audit", required=True)
@@ -277,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _eval(args: argparse.Namespace) -> int:
     from trialbox.judge.evaluate import Evaluator, evaluate, progress_bar, read_samples
     from trialbox.judge.function import JudgeConfig
-    from trialbox.judge.provider import judge_provider
+    from trialbox.judge.provider import TIERS, judge_provider
     from trialbox.judge.reward import RewardSpec
     from trialbox.judge.stdio import StdioJudgeConfig
     from trialbox.store.tasks import index, load_tasks
@@ -290,6 +286,8 @@ async def _eval(args: argparse.Namespace) -> int:
         from trialbox.judge.amplify import apply, load
         loaded = apply(loaded, load(args.amplified))
     tasks = index(loaded)
+    if args.tier not in TIERS:
+        raise UsageError(f"--tier {args.tier!r} is not a tier; use one of {', '.join(TIERS)}")
     from trialbox.sandbox.tiers import STRENGTH, check_routable  # risk picks the tier:
     check_routable(tasks.values(), {  # --tier may be stronger than a task's, never weaker
         t: None if STRENGTH[t] <= STRENGTH[args.tier] else

@@ -22,8 +22,10 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                    help="--backend ray: the cluster's head (default auto: the cluster "
                    "`ray start` made on this machine)")
     p.add_argument("--tier", default="namespace",
-                   help="--backend ray: the sandbox tier the nodes grade on (default "
-                   "namespace; a node offers it with its trialbox_tier_<name> resource)")
+                   help="the isolation tier every attempt is graded in: namespace "
+                   "(default), gvisor, container; a tier that cannot run is an error, never "
+                   "a fallback (--backend ray: the nodes offering it with their "
+                   "trialbox_tier_<name> resource)")
 
 
 def _ray_or_explain() -> None:

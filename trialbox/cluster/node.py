@@ -256,7 +256,7 @@ class EvalWorkload:
         provider = node.providers.get(self.tier)
         if provider is None:
             raise UsageError(f"node {node.config.node_id} does not offer tier {self.tier!r}")
-        self._ev = Evaluator(self.tasks, provider,  # type: ignore[arg-type]
+        self._ev = Evaluator(self.tasks, provider,
                              workers=node.config.slots, config=self.config,
                              stdio_config=self.stdio_config, reward_spec=self.reward_spec)
         await self._ev.start(node.config.slots)
