@@ -33,7 +33,9 @@ STORE = os.environ.get("TRIALBOX_TEST_IMAGES", os.path.join(REPO, ".cache", "ima
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=256, disk_mb=16)
 JSON_INIT = "usr/lib/python3.11/json/__init__.py"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="building images needs root")
+# A fresh checkout builds the image in the first test that asks for it (~2-4 min here).
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="building images needs root"),
+              pytest.mark.timeout(900)]
 
 
 def cached_image(spec: img.ImageSpec) -> img.Image:
@@ -82,7 +84,7 @@ def run(coro):  # a fresh loop per test: the pools here are the tests' own
 
 # ------------------------------------------------------------------ build and lock
 
-def test_build_gives_a_root_a_lock_and_a_manifest_with_one_hash(image):
+def test_build_gives_a_root_a_lock_and_a_manifest_with_one_hash(image, capsys):
     entries = image.manifest()
     assert im.content_hash(entries) == image.content_hash
     paths = {e.path: e for e in entries}
@@ -100,6 +102,13 @@ def test_build_gives_a_root_a_lock_and_a_manifest_with_one_hash(image):
     assert shadow and {row.split(":")[2] for row in shadow} == {"0"}  # no build day
     assert {os.lstat(os.path.join(image.rootfs, p)).st_mtime for p in
             ("usr/bin/python3.11", "etc/trialbox-image", "var/lib/dpkg/status")} == {img.EPOCH}
+    # trialbox image list / show
+    from trialbox.cli import main
+    assert main(["image", "--store", STORE, "list"]) == 0
+    assert image.content_hash[:16] in capsys.readouterr().out
+    assert main(["image", "--store", STORE, "show", f"{image.name}@{image.content_hash[:12]}"]) == 0
+    shown = capsys.readouterr().out
+    assert image.id in shown and '"tabulate": "0.8.10"' in shown
 
 
 def test_rebuild_from_spec_and_lock_gives_the_same_hash(image):

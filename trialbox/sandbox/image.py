@@ -352,8 +352,10 @@ class _BuildFailed(Exception):
 def check_debs_offered(spec: ImageSpec) -> None:
     """Fail fast, before any download, on a pinned deb the mirror's index (this machine's
     apt lists) does not know, or a version it does not offer."""
-    if not shutil.which("apt-cache"):
-        return
+    lists = "/var/lib/apt/lists"
+    if not shutil.which("apt-cache") or not os.path.isdir(lists) or not any(
+            "_Packages" in n for n in os.listdir(lists)):
+        return  # no index here (apt-get update never ran): debootstrap's check decides
     for pkg, ver in spec.debs:
         p = subprocess.run(["apt-cache", "madison", pkg], capture_output=True, text=True)
         offered = [line.split("|")[1].strip() for line in p.stdout.splitlines()
@@ -387,17 +389,18 @@ def _build_base(spec: ImageSpec, dest: str) -> None:
     except _BuildFailed as e:
         missing = re.search(r"Couldn't find these debs: (.*)", e.tail)
         if missing:
-            raise ImageSpecError(f"[debs] not in {spec.mirror} {spec.suite}: "
-                                 f"{missing.group(1).strip()}; fix or remove them") from e
+            raise ImageSpecError(f"[debs] {missing.group(1).strip()}: no such Debian "
+                                 f"package in {spec.mirror} {spec.suite}; fix the name or "
+                                 "remove it") from e
         raise SandboxUnavailable(f"debootstrap of {spec.suite} from {spec.mirror} failed: "
                                  f"{e.tail}") from e
     installed = dpkg_versions(dest)
-    wrong = [f"{p} = \"{v}\" (the mirror installed {installed.get(p, 'nothing')})"
-             for p, v in spec.debs if installed.get(p) != v]
+    wrong = [f"{p} = \"{v}\" is not offered (the mirror installed "
+             f"{installed.get(p, 'nothing')})" for p, v in spec.debs if installed.get(p) != v]
     if wrong:
-        raise ImageSpecError(f"[debs] pins the mirror does not serve for {spec.suite}: "
-                             f"{'; '.join(wrong)}; pin what it serves, or use a snapshot "
-                             "mirror (mirror = \"http://snapshot.debian.org/archive/...\")")
+        raise ImageSpecError(f"[debs] {'; '.join(wrong)} for {spec.suite}: pin what it "
+                             "serves, or use a snapshot mirror (mirror = "
+                             "\"http://snapshot.debian.org/archive/...\")")
     _normalise(dest)
 
 
