@@ -35,7 +35,7 @@ JSON_INIT = "usr/lib/python3.11/json/__init__.py"
 
 # A fresh checkout builds the image in the first test that asks for it (~2-4 min here).
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="building images needs root"),
-              pytest.mark.timeout(900)]
+              pytest.mark.timeout(1800)]
 
 
 def cached_image(spec: img.ImageSpec) -> img.Image:
