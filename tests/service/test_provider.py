@@ -53,3 +53,22 @@ def test_app_serves_any_provider(tmp_path: Path) -> None:
     assert {tid.split("-")[0] for tid in results} == {"exec", "run_code", "session"}
     assert all(state == "done" and reward == 1.0 for state, _, reward, _ in results.values())
     assert prio == {0}
+
+
+def test_serve_from_the_gvisor_tier() -> None:
+    """`trialbox serve --tier gvisor`: the same routes on another real tier (runsc)."""
+    from tests.service.conftest import Server
+    server = Server("--tier", "gvisor")
+    try:
+        with server.client() as c:
+            assert c.get("/readyz").json()["tier"] == "gvisor"
+            r = c.post("/run_code", json={"code": "print(input()[::-1])",
+                                          "language": "python", "stdin": "olleh"}).json()
+            assert r["status"] == "Success" and r["run_result"]["stdout"] == "hello\n", r
+            bomb = c.post("/run_code", json={"code": "b = b'x' * (600 << 20)",
+                                             "language": "python", "memory_limit_MB": 256})
+            assert bomb.json()["run_result"]["trialbox_status"] == "memory", bomb.text
+            status = c.get("/v1/status").json()
+            assert status["pool"]["tier"] == "gvisor" and status["admission"]["admitted"] == 2
+    finally:
+        server.stop()

@@ -47,22 +47,17 @@ def create_app(config: ServiceConfig | None = None,
                provider: SandboxProvider | None = None) -> FastAPI:
     """The app for one server process. Every sandbox comes from one `SandboxProvider`:
     `provider` when given (the caller starts and closes it), else the lifespan starts
-    the namespace tier's CellPool (with the judge's helper modules preloaded, so runs
-    and grading share it) and closes it. The lifespan also starts the scheduler every
-    sandbox-using request goes through, and on shutdown closes every open session."""
+    the provider of `config.tier` — the namespace tier's CellPool by default (with the
+    judge's helper modules preloaded, so runs and grading share it) — and closes it.
+    The lifespan also starts the scheduler every sandbox-using request goes through,
+    and on shutdown closes every open session."""
     config = config or ServiceConfig()
     state = ServiceState.create(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = provider is None
-        if provider is None:
-            from trialbox.judge.function import judge_pool_config
-            from trialbox.sandbox.pool import CellPool
-            chosen: SandboxProvider = await CellPool(judge_pool_config(
-                warm=config.warm, max_warm=max(config.warm, 2 * config.max_running))).start()
-        else:
-            chosen = provider
+        chosen = provider if provider is not None else await _start_tier(config)
         try:
             await state.admission.start(chosen)
         except BaseException:
@@ -130,6 +125,26 @@ def create_app(config: ServiceConfig | None = None,
     # add them to `state.open_paths` (prefixes).
 
     return app
+
+
+async def _start_tier(config: ServiceConfig) -> SandboxProvider:
+    """The provider of `config.tier`, started."""
+    if config.tier == "namespace":
+        from trialbox.judge.function import judge_pool_config
+        from trialbox.sandbox.pool import CellPool
+        return await CellPool(judge_pool_config(
+            warm=config.warm, max_warm=max(config.warm, 2 * config.max_running))).start()
+    provider: SandboxProvider
+    if config.tier == "gvisor":
+        from trialbox.sandbox.gvisor import GVisorProvider
+        provider = GVisorProvider()
+    else:
+        from trialbox.sandbox.container import ContainerProvider
+        provider = ContainerProvider()
+    start = getattr(provider, "start", None)
+    if start is not None:
+        await start()
+    return provider
 
 
 async def _close(provider: SandboxProvider) -> None:

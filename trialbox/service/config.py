@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields
 from trialbox.errors import UsageError
 from trialbox.types import Limits
 
+TIERS = ("namespace", "gvisor", "container")
+"""The tiers `trialbox serve --tier` can serve from."""
+
 
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and `localhost`; anything else is reachable by others."""
@@ -65,6 +68,9 @@ class ServiceConfig:
     """The most a request may ask for; asking for more is a 422 naming the field."""
     keep_submissions: int = 10_000
     """Graded submissions remembered for `/v1/submissions/{id}` (oldest forgotten)."""
+    tier: str = "namespace"
+    """The isolation tier every sandbox comes from: `namespace` (the warm CellPool,
+    default), `gvisor` or `container` (sandbox/tiers.py). Grading needs `namespace`."""
     journal: str | None = None
     """The scheduler's journal (SQLite) every sandbox-using request is a task in (run
     `service-<start>-<pid>`; `trialbox tasks status RUN --db FILE`). None: a temporary
@@ -91,6 +97,9 @@ class ServiceConfig:
                                  f"{getattr(self, name)!r}")
         if self.max_queued < 0 or self.warm < 0:
             raise UsageError("ServiceConfig.max_queued and warm must be >= 0")
+        if self.tier not in TIERS:
+            raise UsageError(f"ServiceConfig.tier={self.tier!r}: use one of "
+                             f"{', '.join(TIERS)}")
         if self.token is not None and not self.token.strip():
             raise UsageError("ServiceConfig.token is empty; give a real token or None")
         if not is_loopback(self.host) and not self.token:

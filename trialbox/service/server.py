@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from trialbox.errors import InfraError, UsageError
-from trialbox.service.config import ServiceConfig
+from trialbox.service.config import TIERS, ServiceConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -55,6 +55,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-memory-mb", type=int, default=d.max_limits.memory_mb,
                    help="the most memory a request may ask for, MiB (SandboxFusion's "
                    f"memory_limit_MB, /v1 limits.memory_mb; default {d.max_limits.memory_mb})")
+    p.add_argument("--tier", default=d.tier, choices=TIERS,
+                   help=f"isolation tier of every sandbox (default {d.tier}; grading "
+                   "needs namespace)")
     p.add_argument("--journal", default=None, metavar="DB",
                    help="the scheduler's journal: every sandbox-using request is a task "
                    "in it (trialbox tasks status RUN --db DB); default: a temporary file "
@@ -70,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> ServiceConfig:
                          deadline_s=args.deadline_s, rate_per_s=args.rate,
                          rate_burst=args.burst, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                          warm=args.warm, records=args.records,
-                         journal=args.journal,
+                         journal=args.journal, tier=args.tier,
                          max_limits=d_max.with_(memory_mb=args.max_memory_mb))
 
 
