@@ -46,7 +46,7 @@ def test_bench_train_smoke(tmp_path):
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert json.loads(out_file.read_text()) == res
     assert res["problems"] == []
-    for name in ("trialbox", "trialbox_async", "trl"):
+    for name in ("trialbox", "trialbox_direct", "trialbox_async", "trl"):
         s = res["systems"][name]
         assert s["steps"] == 2, (name, s)
         assert s["episodes"] == s["graded"] == 2 * 2 * 2, (name, s)
@@ -57,5 +57,7 @@ def test_bench_train_smoke(tmp_path):
         assert 0 <= s["mean_reward"] <= 1
         assert 0 < s["policy_wait_share"] < 1 and 0 < s["loop_s"] <= s["wall_s"], (name, s)
     assert res["systems"]["trialbox"]["max_staleness_seen"] == 0
+    assert res["systems"]["trialbox_direct"]["max_staleness_seen"] == 0
+    assert res["ratio_sync_direct_episodes_per_s"] > 0
     assert res["systems"]["trialbox_async"]["max_staleness_seen"] == 1
     assert res["ratio_episodes_per_s"] > 0 and res["ratio_async_sync_episodes_per_s"] > 0
