@@ -88,13 +88,17 @@ class Mirror:
         self.path = f"/proc/{os.getpid()}/fd/{self.ns}"
         subprocess.run([nw.NSENTER, f"--net={self.path}", nw.IP, "-batch", "-"],
                        input=b"link set lo up\naddr add 10.77.0.5/32 dev lo\n"
-                             b"addr add 10.77.0.6/32 dev lo\n", check=True)
+                             b"addr add 10.77.0.6/32 dev lo\n"
+                             b"addr add fd00:77::5/128 dev lo nodad\n", check=True)
         self.socks = [self._serve("10.77.0.5", 8080, b"allowed"),
                       self._serve("10.77.0.5", 9090, b"other port"),
-                      self._serve("10.77.0.6", 8080, b"other address")]
+                      self._serve("10.77.0.6", 8080, b"other address"),
+                      self._serve("fd00:77::5", 8080, b"allowed v6", socket.AF_INET6),
+                      self._serve("fd00:77::5", 9090, b"other v6 port", socket.AF_INET6)]
 
-    def _serve(self, addr: str, port: int, reply: bytes) -> socket.socket:
-        ls = nw.socket_in(self.ns, socket.AF_INET)
+    def _serve(self, addr: str, port: int, reply: bytes,
+               family: int = socket.AF_INET) -> socket.socket:
+        ls = nw.socket_in(self.ns, family)
         ls.bind((addr, port))
         ls.listen(16)
 
@@ -185,6 +189,33 @@ def test_a_network_prefix_allows_every_address_in_it(tier: Tier) -> None:
     assert out["allowed"] == "allowed" and out["other_addr"] == "other address", out
     assert out["other_port"] == out["other_net"] == "ConnectionRefusedError", out
     assert refused >= 4, refused
+
+
+V6_PROBE = r"""
+import json, socket
+out = {}
+for port in (8080, 9090):
+    s = socket.socket(socket.AF_INET6)
+    s.settimeout(5)
+    try:
+        s.connect(("fd00:77::5", port))
+        out[port] = s.recv(100).decode()
+    except OSError as e:
+        out[port] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def test_an_ipv6_endpoint_is_allowed_like_any_other(tier: Tier) -> None:
+    async def body() -> Any:
+        async with await tier.provider.open(ROOMY.with_(net_allow=("[fd00:77::5]:8080",))) \
+                as sb:
+            r = await run_code(sb, V6_PROBE, "python")
+            return r, await sb.network_refused()
+    r, refused = tier.run(body())
+    assert r.status is ExecStatus.OK, describe(r)
+    assert json.loads(r.stdout) == {"8080": "allowed v6", "9090": "ConnectionRefusedError"}
+    assert refused >= 1, refused
 
 
 def test_without_an_allow_list_nothing_is_reachable(tier: Tier) -> None:

@@ -232,6 +232,7 @@ class Gate:
         _run([*_enter(g), IP, "-batch", "-"], [g, n], "\n".join([
             "link set lo up",
             f"link add gw type veth peer name eth0 netns /proc/self/fd/{n}",
+            "link set gw addrgenmode none",  # only the link-local address given below
             f"addr add {GW4}/30 dev gw",
             f"addr add {GW6}/64 dev gw nodad",
             "link set gw up",
@@ -242,11 +243,15 @@ class Gate:
             "route add local 0.0.0.0/0 dev lo table local",
             "route add local ::/0 dev lo table local",
             f"route add {SB4}/32 dev gw table local",
-            f"route add {SB6}/128 dev gw table local",
+            "route add fe80::/64 dev gw table local",
         ]) + "\n")
         _run([*_enter(g), NFT, "-f", "-"], [g], ruleset(self.rules))
         _run([*_enter(n), IP, "-batch", "-"], [n], "\n".join([
             "link set lo up",
+            # no address of the kernel's making beside ours: an automatic link-local one
+            # (EUI-64, usable once its DAD is over) would become the source of the
+            # sandbox's IPv6 connections
+            "link set eth0 addrgenmode none",
             f"addr add {SB4}/30 dev eth0",
             f"addr add {SB6}/64 dev eth0 nodad",
             "link set eth0 up",
