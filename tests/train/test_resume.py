@@ -98,8 +98,8 @@ def test_kill_9_at_five_points_then_resume_equals_the_uninterrupted_run(runner, 
         while not done.is_set():
             if os.path.exists(db):
                 p = subprocess.run([sys.executable, "-m", "trialbox.cli", "tasks", "status",
-                                    "ref", "--db", db], capture_output=True, text=True,
-                                   cwd=ROOT, timeout=60)
+                                    "--db", db], capture_output=True, text=True,
+                                   cwd=ROOT, timeout=60)  # its only run: no run id
                 if p.returncode == 0 and not done.is_set():
                     live.append(p.stdout)
             time.sleep(0.05)
@@ -207,6 +207,8 @@ def test_bad_journals_and_nothing_to_resume_are_named_before_writing(runner, tmp
         j.add_run("run", {"kind": "eval"})
     with pytest.raises(UsageError, match="not a training run"):
         runner.run(train(with_changes(more, run={"journal": str(other)}), runner.pool))
+    from trialbox.cli import main as cli_main
+    assert cli_main(["tasks", "status", "--db", str(other)]) == 2  # two runs: name one
     # a fresh run on an explicit journal that already holds it
     with pytest.raises(UsageError, match="already holds run 'run'; pass --resume"):
         runner.run(train(with_changes(base, run={"journal": str(db)}), runner.pool))

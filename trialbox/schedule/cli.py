@@ -1,6 +1,6 @@
 """`trialbox tasks status RUN` and `trialbox tasks show TASK`: a journal's view of a run.
 
-    trialbox tasks status run-1 --db run.db [--json]    counts by state, infra-failure
+    trialbox tasks status [run-1] --db run.db [--json]  counts by state, infra-failure
                                                         rate, slowest tasks
     trialbox tasks show HumanEval/0 --db run.db [--run run-1] [--json]
                                                         every transition, turn, grade and
@@ -28,7 +28,9 @@ def add_parser(sub: Any) -> None:
     tsub = t.add_subparsers(dest="tasks", required=True)
     default_db = os.environ.get("TRIALBOX_JOURNAL", "trialbox.db")
     st = tsub.add_parser("status", help="counts by state, infra-failure rate, slowest tasks")
-    st.add_argument("run", help="run id")
+    st.add_argument("run", nargs="?", default=None,
+                    help="run id (default: the journal's only run, e.g. a training run's "
+                    "out_dir/journal.db)")
     sh = tsub.add_parser("show", help="one task's transitions, turns, grades and result")
     sh.add_argument("task", help="task id")
     sh.add_argument("--run", default=None, help="only this run (default: every run)")
@@ -57,6 +59,14 @@ def main(args: argparse.Namespace) -> int:
         return 0
     with Records(args.db) as rec:
         if args.tasks == "status":
+            if args.run is None:
+                runs = rec.runs()
+                if len(runs) != 1:
+                    from trialbox.errors import UsageError
+                    raise UsageError(f"journal {args.db!r} holds {len(runs)} runs "
+                                     f"({', '.join(runs) or 'none'}); name one: trialbox "
+                                     "tasks status RUN --db FILE")
+                args.run = runs[0]
             summary = rec.summary(args.run)
             if args.json:
                 print(json.dumps(summary))
