@@ -96,17 +96,19 @@ async def judge_harbor(task: HarborTask, answer: str, provider: SandboxProvider,
                          f"{type(answer).__name__}")
     result = await _attempt(task, answer, provider, oracle_env)
     if result.reward is not None or result.outcome is not Outcome.ERROR:
-        return result
+        # the answer's own limit without a reward scores 0: None would exclude it
+        return result if result.reward is not None else replace(result, reward=0.0)
     # No reward: the answer's doing unless the verifier is shown broken.
     if not task.has_solution:
-        return replace(result, outcome=Outcome.FAILED, flags=(*result.flags, "no-control"),
+        return replace(result, outcome=Outcome.FAILED, reward=0.0,
+                       flags=(*result.flags, "no-control"),
                        message=result.message + " (the task has no oracle to show the "
                        "verifier works; counted as the answer's failure)")
     if oracle_env and answer == task.oracle:
         return result  # this is the control: its failure is the task's
     control = await _attempt(task, task.oracle, provider, True)
     if control.reward is not None:
-        return replace(result, outcome=Outcome.FAILED,
+        return replace(result, outcome=Outcome.FAILED, reward=0.0,
                        flags=(*result.flags, "self-inflicted"),
                        message=result.message + " (the oracle got a reward from the same "
                        "verifier on the same machinery: the failure is the answer's)")
@@ -157,6 +159,18 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
                 return done(_STATUS_OUTCOME.get(ran.status, _setup_outcome(r)),
                             f"the verifier's session could not be prepared ({where}): "
                             f"{_why(r)}", agent_status=ran.status.value)
+        links = await vb.exec(["python3", "-c", _LINK_SCAN],
+                              limits=replace(vb.limits, wall_s=60, output_bytes=1 << 16))
+        if links.status is not ExecStatus.OK or links.exit_code != 0:
+            return done(_STATUS_OUTCOME.get(ran.status, _setup_outcome(links)),
+                        f"/app's links could not be checked: {_why(links)}",
+                        agent_status=ran.status.value)
+        if links.stdout.strip():
+            found = links.stdout.decode("utf-8", "replace").splitlines()
+            return done(Outcome.CHEAT, "/app holds links into the verifier's own files "
+                        f"(/tests, /logs, /solution, /tmp or /proc): {'; '.join(found[:5])}",
+                        reward=0.0, rewards={"reward": 0.0}, flags=("link-to-verifier",),
+                        agent_status=ran.status.value)
         checked = await vb.exec(["bash", "-c", "mkdir -p /tmp/logs/verifier /tmp/logs/agent "
                                  "&& exec bash /tests/test.sh < /dev/null"], env=env)
         tail = (checked.stdout[-2000:] + checked.stderr[-2000:]).decode("utf-8", "replace")
@@ -178,6 +192,61 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
     return done(outcome, f"reward {reward:g}" + (f" (the answer's run: {_why(ran)})"
                                                   if ran.status is not ExecStatus.OK else ""),
                 reward=reward, rewards=rewards, **status)
+
+
+# Run in the verifier's session once /app and /tests are unpacked, before the verifier:
+# every symbolic link under /workspace is resolved the way the kernel would (link by
+# link, `..` after a link from where the link led), and one that leads, on the way or
+# at the end, into /tmp (where /tests, /logs and /solution lie), into /proc (whose magic
+# links lead wherever the reading process stands: /proc/self/cwd, /dev/fd) or to / is
+# printed. A link the answer planted can then never hand the verifier its own files
+# as the answer's, whichever path spells them. Iterative: no depth limit of Python's.
+_LINK_SCAN = r"""
+import json, os, stat, sys
+def bad(p, final):
+    return (final and p == "/") or any(p == b or p.startswith(b + "/") for b in ("/tmp", "/proc"))
+def leads_astray(cur, target):
+    todo, hops = target.split("/")[::-1], 0
+    if target.startswith("/"):
+        cur = "/"
+    while todo:
+        c = todo.pop()
+        if c in ("", "."):
+            continue
+        if c == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, c)
+        if bad(nxt, False):
+            return True
+        try:
+            st = os.lstat(nxt)
+        except OSError:
+            return bad(os.path.normpath("/".join([nxt] + todo[::-1])), True)
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > 40:
+                return False  # a loop: the kernel follows it nowhere (ELOOP)
+            t = os.readlink(nxt)
+            todo.extend(t.split("/")[::-1])
+            if t.startswith("/"):
+                cur = "/"
+        else:
+            cur = nxt
+    return bad(cur, True)
+found, stack = 0, ["/workspace"]
+while stack and found < 20:
+    d = stack.pop()
+    with os.scandir(d) as it:
+        for e in it:
+            if e.is_symlink():
+                t = os.readlink(e.path)
+                if leads_astray(d, t):
+                    print(json.dumps(e.path[len("/workspace"):]) + " -> " + json.dumps(t))
+                    found += 1
+            elif e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+"""
 
 
 def _setup_outcome(r: ExecResult) -> Outcome:
