@@ -229,3 +229,19 @@ def test_a_hostile_archive_is_refused_with_a_usage_error(runner, tmp_path, how):
     with pytest.raises(UsageError, match="snapshot archive h"):
         runner.run(Snapshot.load(runner.pool, store, "h"), timeout=120)
     runner.assert_no_leaks(timeout=30)
+
+
+def test_a_snapshot_of_a_session_that_locked_itself_out_forks_into_working_sessions(runner):
+    """The parent made its workspace, /tmp and /dev/shm unusable before the snapshot:
+    its forks (and its own next run) still start; what they run is theirs."""
+    async def body():
+        async with await runner.pool.open(LIM) as sb:
+            out(await sb.exec(["bash", "-c", "mkdir -p /workspace/x && chmod 000 "
+                               "/workspace/x /workspace /tmp /dev/shm"]))
+            async with await sb.snapshot() as snap:
+                [f] = await snap.fork(1)
+                async with f:
+                    out(await f.exec(["bash", "-c", "echo hi > /workspace/y && "
+                                      "echo hi > /tmp/y"]))
+            out(await sb.exec(["bash", "-c", "echo hi > /workspace/z"]))
+    runner.run(body(), timeout=300)
