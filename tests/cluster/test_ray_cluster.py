@@ -260,7 +260,7 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
             assert all(answers[t]["node"] != nid(k) for t, _ in lost)
             assert all(x["node"] != nid(k) or x["started"] < killed_at[0]
                        for x in answers.values())
-            assert be.placer.stats.nodes_lost == 1 and be.placer.stats.fenced >= 2
+            assert nid(k) in be.lost and be.placer.stats.fenced >= 2
             # the node added mid-run received work without a restart
             assert any(x["node"] == nid(joined[0]) for x in answers.values())
         for node, rep in be.close_reports.items():
@@ -315,7 +315,7 @@ def test_cut_off_node_is_fenced_and_its_late_answers_discarded(
             for t in fenced:  # finished by another node
                 assert answers[t]["node"] != nid(f)
             # the frozen node ran them to the end: the late answers existed
-            ran = await be._zombies[0].lease_ids.remote()
+            ran = await be.lost[nid(f)].lease_ids.remote()
             assert len(ran) >= 2
     asyncio.run(body())
     cluster.remove_node(f)

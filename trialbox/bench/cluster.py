@@ -13,8 +13,8 @@ backend runs beside it, so both see the same background):
   `Evaluator` on the node (`RayBackend.run`); p50 of each and the difference. Also the
   p50 of a no-op round trip through the backend (placement, the actor call, fencing):
   the part of the difference that is Ray and trialbox.cluster, not judging noise; and
-  the p50 of the same attempts timed on the node itself (`Node.timed_runs`), so a slower
-  node (its pool, its event loop in a Ray worker thread) shows apart from the transport.
+  the same attempts' time on the node itself (`Node.run_times`) and the transport's part
+  of each (through Ray minus on the node), so a slower node shows apart from Ray.
   The load average is reported: on a shared machine it moves these figures more than
   anything measured.
   Goal: <= 1 ms added.
@@ -128,18 +128,26 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
                    if k == "canonical"][: args.latency_runs]
             lat: dict[str, list[float]] = {"local": [], "ray": [], "noop": []}
             load0 = os.getloadavg()[0]
+            actor = next(iter(be.members.values())).actor
+            await actor.run_times.remote()  # forget the warm-up's
             for s in seq:  # interleaved: drift hits both alike
                 for name, ev in (("local", local), ("ray", remote)):
+                    # each from a quiet state: neither pool's refill after the previous
+                    # attempt may land in the next one's time (the local pool refills in
+                    # this process, the node's in its own)
+                    await pool.settle()
+                    await asyncio.sleep(0.05)
                     t0 = time.perf_counter()
                     await ev.attempt(s)
                     lat[name].append((time.perf_counter() - t0) * 1000)
-            actor = next(iter(be.members.values())).actor
-            lat["node_side"] = await actor.timed_runs.remote("bench", seq)
+            lat["node_side"] = await actor.run_times.remote()  # the same attempts' part
+            transport = [r - n for r, n in zip(lat["ray"], lat["node_side"], strict=True)]
             for i in range(max(100, args.latency_runs)):
                 t0 = time.perf_counter()
                 await be.run("noop", i, tier="fake")
                 lat["noop"].append((time.perf_counter() - t0) * 1000)
             res["latency_ms"] = {k: round(_p50(v), 3) for k, v in lat.items()}
+            res["latency_ms"]["transport"] = round(_p50(transport), 3)
             res["latency_ms"]["added"] = round(_p50(lat["ray"]) - _p50(lat["local"]), 3)
             res["latency_ms"]["runs"] = len(seq)
             res["load_average"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
@@ -262,7 +270,8 @@ def render(res: dict[str, Any]) -> str:
         lines += [
             f"  judged attempt p50: local {lat['local']:.2f} ms, ray {lat['ray']:.2f} ms, "
             f"added {lat['added']:+.2f} ms (goal <= {GOAL_ADDED_MS} ms); no-op round trip "
-            f"{lat['noop']:.2f} ms; on the node itself {lat['node_side']:.2f} ms "
+            f"{lat['noop']:.2f} ms; of the Ray attempt, on the node {lat['node_side']:.2f} "
+            f"ms, transport {lat['transport']:.2f} ms "
             f"(load average {one.get('load_average')})",
             f"  throughput ({thr['attempts']} attempts, {thr['workers']} in flight): local "
             f"{thr['local_per_s']}/s, ray {thr['ray_per_s']}/s = {thr['ratio']}x "

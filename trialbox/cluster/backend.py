@@ -141,9 +141,9 @@ class RayBackend:
         self._joined = asyncio.Event()
         self._fingerprint = code_fingerprint()
         self._late: set[asyncio.Future[Any]] = set()
-        self._zombies: list[Any] = []
-        """Actors of lost nodes: left running (a cut-off node may still answer; the
-        answer is discarded), killed at close."""
+        self.lost: dict[str, Any] = {}
+        """Actors of lost nodes, by node id: left running (a cut-off node may still
+        answer; the answer is discarded), killed at close."""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> RayBackend:
@@ -201,12 +201,11 @@ class RayBackend:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
         await asyncio.gather(*(self._close_member(nid) for nid in list(self.members)))
-        for actor in self._zombies:
+        for actor in self.lost.values():
             try:
                 ray.kill(actor)
             except RayError:
                 pass
-        self._zombies.clear()
         if self._owns_ray:
             ray.shutdown()
 
@@ -342,7 +341,7 @@ class RayBackend:
             m.ping.cancel()
         # The actor is left alone: if it is only cut off, its late answers arrive and
         # are discarded (`run`); it is killed when the backend closes.
-        self._zombies.append(m.actor)
+        self.lost[nid] = m.actor
 
     async def _close_member(self, nid: str) -> None:
         m = self.members.pop(nid, None)
