@@ -39,6 +39,10 @@ from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskSpec  # 
 from trialbox.store.journal import Journal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+# The module's first test also pays for starting the cluster (one GCS and two raylets:
+# ~35 s on a quiet 2-core machine, 95 s at load 200), which pytest-timeout counts in
+# that test's time. Nothing timed here is a guarantee; the bound only catches a hang.
+pytestmark = pytest.mark.timeout(300)
 
 
 def node_resources(slots: int, *tiers: str) -> dict[str, float]:

@@ -12,16 +12,42 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 from trialbox.cluster.backend import ClusterConfig, RayBackend
 from trialbox.cluster.node import EvalWorkload
+from trialbox.errors import UsageError
 from trialbox.judge.evaluate import Evaluator, Reference, progress_bar
 from trialbox.judge.function import JudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
-from trialbox.types import Grade, Task
+from trialbox.types import Grade, Runtime, Task
+
+
+@dataclass(frozen=True)
+class _Environment:
+    """What the driver-side Evaluator reads of "its pool": the runtime the nodes' pools
+    run (checked against each task's declared image, recorded in each row)."""
+
+    runtime: Runtime
+
+
+def _runtime_of(backend: RayBackend, tier: str) -> Runtime:
+    """The runtime of `tier` on the nodes; every node offering it must run the same."""
+    seen: dict[str, Runtime] = {nid: m.info["runtimes"][tier]
+                                for nid, m in backend.members.items()
+            if tier in m.info.get("runtimes", {})}
+    if not seen:
+        backend.check_tier(tier)  # raises TierUnavailable, naming the offered tiers
+    ids = {r.id for r in seen.values()}
+    if len(ids) > 1:
+        raise UsageError(f"the nodes offering tier {tier!r} run different environments "
+                         f"({', '.join(f'{n[:12]}: {r.id}' for n, r in seen.items())}); "
+                         "give them the same runtime (image) so every attempt is graded "
+                         "alike")
+    return next(iter(seen.values()))
 
 
 class ClusterEvaluator(Evaluator):
@@ -33,8 +59,9 @@ class ClusterEvaluator(Evaluator):
                  config: JudgeConfig | None = None,
                  stdio_config: StdioJudgeConfig | None = None,
                  reward_spec: RewardSpec | None = None):
-        super().__init__(tasks, None, workers=workers,  # type: ignore[arg-type]
-                         config=config, stdio_config=stdio_config, reward_spec=reward_spec)
+        super().__init__(tasks, _Environment(_runtime_of(backend, tier)),  # type: ignore[arg-type]
+                         workers=workers, config=config, stdio_config=stdio_config,
+                         reward_spec=reward_spec)
         self.backend, self.name, self.tier = backend, name, tier
 
     async def start(self, attempts: int) -> None:

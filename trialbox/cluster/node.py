@@ -141,6 +141,7 @@ class Node:
                 "python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
                 "code": code_fingerprint(), "package": PACKAGE,
                 "tiers": list(self.config.tiers), "slots": self.config.slots,
+                "runtimes": {t: p.runtime for t, p in self.providers.items()},
                 "pools": [p.id for p in self._pools]}
 
     async def ping(self) -> float:
