@@ -48,8 +48,8 @@ def add_parser(bsub: Any) -> None:
     p = bsub.add_parser("density", help="live sessions on one node: N opened, a command in "
                         "each, memory and descriptors per session, capacity queueing")
     p.add_argument("--sessions", type=int, default=10_000, help="live sessions (10000)")
-    p.add_argument("--concurrency", type=int, default=64,
-                   help="sessions being opened and run at once (64)")
+    p.add_argument("--concurrency", type=int, default=32,
+                   help="sessions being opened and run at once (32)")
     p.add_argument("--extra", type=int, default=32,
                    help="openers past capacity that must wait, not fail (32)")
     p.add_argument("--park", action="store_true",
@@ -149,7 +149,7 @@ async def _open_and_run(pool: CellPool, i: int, park: bool) -> tuple[NamespaceSa
     return sb, (time.monotonic() - t0) * 1e3
 
 
-async def run_density(n: int, concurrency: int = 64, extra: int = 32,
+async def run_density(n: int, concurrency: int = 32, extra: int = 32,
                       park: bool = False) -> dict[str, Any]:
     """The measurement (see the module docstring); raises on any failed session."""
     if n < 1 or concurrency < 1 or extra < 0:

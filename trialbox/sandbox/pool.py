@@ -113,9 +113,10 @@ class PoolConfig:
     """Live cells past which a cell between runs closes its cgroup files (9 descriptors
     on cgroup v1) and reopens them at its next run (~0.1 ms): an idle session then
     holds 1 descriptor (its cell's session socket)."""
-    max_starting: int = 64
+    max_starting: int = 16
     """Cells being started at once (warm-ups and on-demand alike); more wait their turn
-    rather than pile up on the zygote past the cells' 30 s start deadline."""
+    rather than pile up on the zygote past the cells' 30 s start deadline (64 at once
+    passed it at a load average of 50-90 on 2 cores: `trialbox bench density`)."""
     image: str = ""
     """A built image's directory (`trialbox image build`): the cells' read-only /usr and
     the zygote's interpreter come from it, every result records its content hash, and it
