@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trialbox"
 # Programs that run inside sandboxes under the system interpreter: their exceptions are
 # private signals of those processes.
 STANDALONE = {"sandbox/zygote.py", "judge/harness_program.py", "judge/candidate_stub.py",
-              "judge/repo_plugin.py", "judge/codec.py"}
+              "judge/repo_plugin.py", "judge/codec.py", "service/jupyter_driver.py"}
 ROOTS = (errors.TrialboxError, errors.CandidateFault)
 
 

@@ -36,6 +36,9 @@
     └── Unavailable           the work cannot be taken *now* (capacity, a deadline): try
         │                     again later; neither the caller's mistake nor broken machinery
         ├── service.admission.Overloaded       no slot free (503 + Retry-After)
+        ├── service.admission.RequestAborted   the request went away (client gone,
+        │                     shutdown) while its task waited or held a slot: the
+        │                     task ends FAILED, never with a reward
         └── service.errors.DeadlineExpired     the request's deadline passed (504)
 
     CandidateFault            not a TrialboxError: an internal signal that what the
@@ -51,9 +54,10 @@ that becomes feedback and reward. Nothing the candidate does can raise an `Infra
 
 Exceptions private to one module (a leading underscore) and those of the standalone
 programs that run inside sandboxes (zygote.py, harness_program.py, candidate_stub.py,
-repo_plugin.py, and codec.py, which the sandbox's stub imports: its CodecError is a
-ValueError) are not part of the tree. tests/test_errors_tree.py checks that every
-other exception class is drawn here and parented as drawn.
+repo_plugin.py, service/jupyter_driver.py, and codec.py, which the sandbox's stub
+imports: its CodecError is a ValueError) are not part of the tree.
+tests/test_errors_tree.py checks that every other exception class is drawn here and
+parented as drawn.
 """
 
 from __future__ import annotations

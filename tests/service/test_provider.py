@@ -41,17 +41,26 @@ def test_app_serves_any_provider(tmp_path: Path) -> None:
         status = client.get("/v1/status").json()
         assert status["pool"]["tier"] == "fake"
         run_id = status["admission"]["scheduler_run"]
-        # grading still needs the namespace tier (the judge takes a CellPool): a clear 503
+        # grading takes its sandboxes from the same provider; one that runs nothing (it
+        # echoes) yields no harness report, for the reference solution's control too:
+        # excluded (error: the tests cannot run here; reward None), never scored 0
         g = client.post("/v1/submissions", json={"task_id": "HumanEval/0", "completion": "x"})
-        assert g.status_code == 503 and "namespace tier" in g.json()["message"]
-    # one-shot sessions closed by the scheduler's lease; the session's closed at shutdown
-    assert len(provider.opened) == 3 and all(sb.closed for sb in provider.opened)
+        assert g.status_code == 200, g.text
+        assert g.json()["outcome"] in ("error", "infra") and g.json()["reward"] is None, \
+            g.json()
+        assert "the control failed too" in g.json()["message"]
+    # one-shot sessions closed by the scheduler's lease; the session's closed at shutdown;
+    # the judge's sandboxes (candidate and harness, attempt, retries and control) too
+    assert len(provider.opened) > 3 and all(sb.closed for sb in provider.opened)
     with Journal(journal) as j:
         results = j.results_of(run_id)
         prio = {p for (p,) in j.conn.execute(
             "SELECT priority FROM tasks WHERE run_id=?", (run_id,))}
-    assert {tid.split("-")[0] for tid in results} == {"exec", "run_code", "session"}
-    assert all(state == "done" and reward == 1.0 for state, _, reward, _ in results.values())
+    assert {tid.split("-")[0] for tid in results} == {"exec", "run_code", "session",
+                                                       "submission"}
+    for tid, (state, _, reward, _) in results.items():  # the excluded grade: no reward
+        assert (state, reward) == (("failed", None) if tid.startswith("submission")
+                                   else ("done", 1.0)), (tid, state, reward)
     assert prio == {0}
 
 

@@ -59,7 +59,7 @@ class Overloaded(Unavailable):
         self.retry_after = retry_after
 
 
-class RequestAborted(Exception):
+class RequestAborted(Unavailable):
     """The request's handler went away (client disconnected, server shutting down)
     while its task held a slot: the task ends FAILED, never with a reward."""
 

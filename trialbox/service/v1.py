@@ -32,12 +32,10 @@ from fastapi import APIRouter, Request
 
 from trialbox.errors import UsageError
 from trialbox.judge.evaluate import reward_of
-from trialbox.judge.function import judge_function
-from trialbox.judge.stdio import judge_stdio
-from trialbox.sandbox.base import Sandbox, SandboxProvider
+from trialbox.judge.grade import grade as judge
+from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.languages import language as language_spec
 from trialbox.sandbox.languages import run_code
-from trialbox.sandbox.pool import CellPool
 from trialbox.service.admission import Ticket
 from trialbox.service.errors import DeadlineExpired, FieldError, NotFound
 from trialbox.service.execute import deadline_of, guarded
@@ -320,15 +318,12 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
     elif task.kind is not TaskKind.FUNCTION:
         raise FieldError(f"{field}task", f"task kind {task.kind.value!r} cannot be graded "
                          "by the service; use function or stdio tasks")
-    pool = _judge_pool(state.require_provider())
+    provider = state.require_provider()
     sid = state.submissions.new_id()
 
     async def work(ticket: Ticket) -> dict[str, Any]:
         await ticket.ctx.grading()
-        if task.kind is TaskKind.FUNCTION:
-            grade = await judge_function(task, sub.completion, pool)
-        else:
-            grade = await judge_stdio(task, sub.completion, pool, language=sub.language)
+        grade = await judge(task, sub.completion, provider, language=sub.language)
         row = grade_row(sid, task, grade, sub.language)
         await ticket.ctx.record_grade(row)
         ticket.reward = row["reward"]  # None (excluded): the task ends FAILED
@@ -340,16 +335,6 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
     state.counters.grades[row["outcome"]] += 1
     state.submissions.put(sid, row)
     return row
-
-
-def _judge_pool(provider: SandboxProvider) -> CellPool:
-    """The judge's entry points still take the namespace tier's pool (their signature is
-    the judge's to change, issue 15 item 1); until then grading needs that tier."""
-    if not isinstance(provider, CellPool):
-        from trialbox.errors import SandboxUnavailable
-        raise SandboxUnavailable(f"grading needs the namespace tier's pool; this server's "
-                                 f"sandboxes come from the {provider.tier!r} tier")
-    return provider
 
 
 @router.post("/submissions")
