@@ -48,6 +48,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench fork --out .bench/fork.json  # snapshot + fork-8 vs copying, 1/50/500 MB (~1 min)
 	$(VENV)/bin/trialbox bench density --sessions 3000 --out .bench/density.json  # live sessions on one node (~3.5 min loaded; 10,000: run it alone, BENCHMARKS.md)
 	$(VENV)/bin/trialbox bench train --out .bench/train.json
+	bash scripts/check-extras.sh  # trialbox and each extra from a fresh venv (~10 min: installs torch & co.)
 	$(VENV)/bin/trialbox demo --seeds 3,4,5 --json .bench/demo.json  # test pass@1 before/after GRPO, 3 seeds the recipe was not tuned on (~30 min)
 
 clean:
