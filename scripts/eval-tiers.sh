@@ -6,6 +6,7 @@
 # runs a handful there).
 #
 #   scripts/eval-tiers.sh [WORKERS] [TIERS]      # default: 4 "namespace gvisor container"
+#   KEEP=DIR scripts/eval-tiers.sh ...           # keep each tier's rows as DIR/TIER.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -13,6 +14,8 @@ WORKERS=${1:-4}
 TIERS=${2:-namespace gvisor container}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+out=${KEEP:-$dir}
+mkdir -p "$out"
 "$PY" - "$dir/samples.jsonl" <<'EOF'
 import json, sys
 from trialbox.store.tasks import load_tasks
@@ -23,7 +26,7 @@ EOF
 status=0
 for tier in $TIERS; do
     line=$("$PY" -c "from trialbox.cli import main; raise SystemExit(main())" eval --tasks humaneval --samples "$dir/samples.jsonl" \
-           --out "$dir/$tier.jsonl" --workers "$WORKERS" --tier "$tier" | tail -1)
+           --out "$out/$tier.jsonl" --workers "$WORKERS" --tier "$tier" | tail -1)
     echo "{\"tier\": \"$tier\", \"summary\": $line}"
     "$PY" -c 'import json,sys; s=json.loads(sys.argv[1]); sys.exit(0 if s["pass@1"] == 1.0 and s["samples"] == 164 else 1)' "$line" || status=1
 done
