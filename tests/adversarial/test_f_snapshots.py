@@ -245,3 +245,42 @@ def test_a_snapshot_of_a_session_that_locked_itself_out_forks_into_working_sessi
                                       "echo hi > /tmp/y"]))
             out(await sb.exec(["bash", "-c", "echo hi > /workspace/z"]))
     runner.run(body(), timeout=300)
+
+
+ODD_NAMES = r"""
+import os
+for n in [b'\xff\xfe', b'a\nb', b'\x1b[31m', b'x' * 255, b'-rf', b'.\xc3']:
+    open(n, 'wb').write(n)
+os.makedirs(b'd/' * 100 + b'e', exist_ok=True)
+os.symlink(b'\xff' * 100, b'lnk')
+os.utime(b'a\nb', (2**40, 2**40))
+os.utime(b'-rf', (-5, -5))
+os.chmod(b'.\xc3', 0)
+print('made')
+"""
+
+ODD_NAMES_BACK = r"""
+import os
+for n in [b'\xff\xfe', b'a\nb', b'\x1b[31m', b'x' * 255, b'-rf']:
+    assert open(n, 'rb').read() == n, n
+assert os.path.isdir(b'd/' * 100 + b'e') and os.readlink(b'lnk') == b'\xff' * 100
+print(os.stat(b'a\nb').st_mtime, os.stat(b'-rf').st_mtime, 'ok')
+"""
+
+
+def test_odd_names_modes_and_times_survive_save_and_load(runner, tmp_path):
+    """Undecodable and control-character names, a 255-byte name, a 100-deep tree, an
+    unreadable file, mtimes of 2**40 and before 1970: saved and restored exactly, never
+    an error of the machinery."""
+    store = ArtifactStore(str(tmp_path / "store"))
+
+    async def body():
+        async with await runner.pool.open(LIM) as sb:
+            assert out(await sb.exec(["python3", "-c", ODD_NAMES])) == "made\n"
+            async with await sb.snapshot() as snap:
+                await snap.save(store, "odd")
+        async with await Snapshot.load(runner.pool, store, "odd") as snap2:
+            async with await snap2.open() as f:
+                back = out(await f.exec(["python3", "-c", ODD_NAMES_BACK]))
+        assert back == "1099511627776.0 -5.0 ok\n", back
+    runner.run(body(), timeout=300)
