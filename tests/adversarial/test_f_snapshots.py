@@ -284,3 +284,35 @@ def test_odd_names_modes_and_times_survive_save_and_load(runner, tmp_path):
                 back = out(await f.exec(["python3", "-c", ODD_NAMES_BACK]))
         assert back == "1099511627776.0 -5.0 ok\n", back
     runner.run(body(), timeout=300)
+
+
+def _many_empty_files() -> bytes:
+    return _tar(*[(_m(f"root/f{i}"), b"") for i in range(2000)])
+
+
+def _noise() -> bytes:
+    import random
+    return _tar((_m("root/noise"), random.Random(0).randbytes(3 << 20)))
+
+
+ABSURD = {
+    "size-not-a-number": ({"tmpfs_bytes": "1"}, lambda: _tar((_m("root/a"), b"a"))),
+    "entries-missing": ({"entries": None}, lambda: _tar((_m("root/a"), b"a"))),
+    "size-negative": ({"tmpfs_bytes": -1}, lambda: _tar((_m("root/a"), b"a"))),
+    # 2,000 empty files claimed to need 1 MiB: inodes are kernel memory the tmpfs's
+    # size does not bound (before: loaded, with nr_inodes = entries = 10**9)
+    "inodes": ({"entries": 10 ** 9}, _many_empty_files),
+    # 3 MiB of noise claimed to unpack to 8 KiB: refused before it is copied to disk
+    "larger-than-claimed": ({"tmpfs_bytes": 8192}, _noise),
+}
+
+
+@pytest.mark.parametrize("how", sorted(ABSURD))
+def test_absurd_metadata_is_refused_with_a_usage_error(runner, tmp_path, how):
+    meta, make = ABSURD[how]
+    store = ArtifactStore(str(tmp_path / "store"))
+    _put(store, "h", make(), **meta)
+    match = "is larger than" if how == "larger-than-claimed" else "snapshot archive h|h.json"
+    with pytest.raises(UsageError, match=match):
+        runner.run(Snapshot.load(runner.pool, store, "h"), timeout=120)
+    runner.assert_no_leaks(timeout=30)

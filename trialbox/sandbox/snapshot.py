@@ -281,6 +281,10 @@ class Snapshot:
         if not isinstance(meta, dict) or meta.get("format") != archive.FORMAT:
             raise UsageError(f"{name}.json is not a trialbox snapshot ({archive.FORMAT}); save "
                              "it with Snapshot.save")
+        for key in ("tmpfs_bytes", "entries"):
+            if type(meta.get(key)) is not int or meta[key] < 0:
+                raise UsageError(f"{name}.json: {key} must be a count, got "
+                                 f"{meta.get(key)!r}; save the snapshot again")
         if meta["tmpfs_bytes"] > max_mb << 20:
             raise UsageError(f"snapshot {name} unpacks to {meta['tmpfs_bytes'] >> 20} MiB, "
                              f"above max_mb={max_mb}; raise max_mb to load it")

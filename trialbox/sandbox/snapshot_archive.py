@@ -216,10 +216,18 @@ def save_layers(store: ArtifactStore, name: str, layer_fds: list[int]) -> dict[s
 
 
 def load_tree(store: ArtifactStore, name: str, meta: Mapping[str, Any], owner: int) -> int:
+    # An archive Snapshot.save wrote is never larger than the tmpfs it unpacks to (a
+    # 4 KiB page per entry covers its headers): more is refused before it fills the
+    # host's temporary disk.
+    size = int(meta["tmpfs_bytes"]) + (1 << 20)
     with tempfile.TemporaryFile() as tmp:
-        digest = hashlib.sha256()
+        digest, read = hashlib.sha256(), 0
         with store.open(str(meta.get("archive") or f"{name}.tar.zst"), "rb") as f:
             while chunk := f.read(1 << 20):
+                read += len(chunk)
+                if read > size:
+                    raise UsageError(f"snapshot archive {name}.tar.zst is larger than the "
+                                     f"{size} bytes its metadata unpacks to; save it again")
                 digest.update(chunk)
                 tmp.write(chunk)
         if digest.hexdigest() != meta.get("sha256"):
@@ -227,9 +235,11 @@ def load_tree(store: ArtifactStore, name: str, meta: Mapping[str, Any], owner: i
                              f"(sha256 {digest.hexdigest()}, expected {meta.get('sha256')}): "
                              "it was changed or cut short; save the snapshot again")
         tmp.seek(0)
-        size = int(meta["tmpfs_bytes"]) + (1 << 20)
+        # inodes cost kernel memory outside the tmpfs's size: no more than save counted
+        # (a page each)
+        inodes = min(int(meta["entries"]), int(meta["tmpfs_bytes"]) // 4096) + 64
         fs = mounts.new_mount("tmpfs", [("size", str(size)),
-                                        ("nr_inodes", str(int(meta["entries"]) + 64)),
+                                        ("nr_inodes", str(inodes)),
                                         ("mode", "755")])
         try:
             zstd = subprocess.Popen(["zstd", "-q", "-d", "-c"], stdin=tmp,
