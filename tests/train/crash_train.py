@@ -4,6 +4,7 @@ for the crash-and-resume test.
     python -m tests.train.crash_train KILL trialbox-train-arguments...
 
 KILL: `grading:N` (while the judge grades this process's N-th judged turn),
+`episode:K` (as soon as this process's K-th episode has journaled its trajectory),
 `update:K` (inside this process's K-th update, after the weights changed and before
 anything records it), `time:T` (T seconds after the first step is launched), `none`.
 """
@@ -51,6 +52,18 @@ def install(kill: str) -> None:
                 return stats
             return dying
         trainer.make_update = make_update  # type: ignore[assignment]
+    elif what == "episode":
+        import trialbox.train.episodes as episodes
+        real_job = episodes.JournaledEpisodes._job
+        finished = [0]
+
+        async def job(self: Any, ctx: Any) -> Any:
+            reward = await real_job(self, ctx)  # its trajectory is journaled now
+            finished[0] += 1
+            if finished[0] == int(arg):  # its step's other episodes are still running
+                die()
+            return reward
+        episodes.JournaledEpisodes._job = job  # type: ignore[method-assign]
     elif what == "time":
         import trialbox.train.episodes as episodes
         real_rollout = episodes.JournaledEpisodes.rollout
