@@ -295,7 +295,7 @@ def test_a_judge_infrastructure_failure_is_excluded(runner, monkeypatch, how):
             raise SandboxStartError("no cell for the judge (test)")
         return Grade(task.task_id, Outcome.INFRA, message="retries exhausted (test)")
 
-    monkeypatch.setattr(agent, "judge_function", judge)
+    monkeypatch.setattr(agent, "grade", judge)  # the judge's one entry point
     [tr] = runner.run(rollout(ScriptedPolicy([WRONG]), [SQUARE], max_turns=3, config=FAST,
                               pool=runner.pool, leaser=leaser_on(runner.pool))).trajectories
     assert tr.reward is None and tr.stop_reason == "infra" and len(tr.turns) == 1

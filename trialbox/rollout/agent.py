@@ -35,10 +35,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox import telemetry
-from trialbox.errors import InfraError, UsageError
-from trialbox.judge.function import JudgeConfig, judge_function, open_harness
+from trialbox.errors import InfraError, SandboxUnavailable, UsageError
+from trialbox.judge.function import JudgeConfig, open_harness
+from trialbox.judge.grade import grade
 from trialbox.judge.reward import RewardSpec, reward
-from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
+from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.rollout.policy import Generation, Policy
 from trialbox.rollout.text import (
     default_prompt,
@@ -50,8 +51,6 @@ from trialbox.rollout.text import (
 from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.sandbox.languages import language, run_code
 from trialbox.sandbox.mounts import PathObstructed
-from trialbox.sandbox.namespace import NamespaceSandbox
-from trialbox.sandbox.pool import CellPool
 from trialbox.schedule.lease import DirectLeaser, Leaser
 from trialbox.types import (
     ExecResult,
@@ -335,7 +334,7 @@ class _Env:
     batcher: _Batcher
     slot: EnvSlot
     grader: Grader | None
-    harnesses: list[NamespaceSandbox]
+    harnesses: list[Sandbox]
     busy: _EnvBusy
     policy: Policy
 
@@ -399,17 +398,18 @@ async def _judge(env: _Env, task: Task, completion: str) -> Grade:
     try:
         if env.grader is not None:
             return await env.grader(task, completion)
-        pool = env.provider
-        assert isinstance(pool, CellPool)  # rollout() checked: no grader needs one
         if task.kind is TaskKind.STDIO:
-            return await judge_stdio(task, completion, pool, env.cfg.stdio_judge,
-                                     env.cfg.language)
+            return await grade(task, completion, env.provider,
+                               stdio_config=env.cfg.stdio_judge, language=env.cfg.language)
         harness = env.harnesses.pop() if env.harnesses else \
-            await open_harness(pool, env.cfg.judge)
+            await open_harness(env.provider, env.cfg.judge)
         try:
-            return await judge_function(task, completion, pool, env.cfg.judge, harness)
+            return await grade(task, completion, env.provider, config=env.cfg.judge,
+                               harness=harness)
         finally:
             env.harnesses.append(harness)
+    except SandboxUnavailable:
+        raise  # a tier this node does not offer: the configuration's problem (grade.py)
     except InfraError as e:
         return Grade(task.task_id, Outcome.INFRA, message=f"the judge's sandbox: {e}")
 
@@ -591,8 +591,8 @@ class Episodes:
     `leaser`: who lends the episodes their sessions (default: a `DirectLeaser` on
     `provider.open`, closed at the end); `env_slot`: the admission of one turn's run and
     grading, per episode id (default: one semaphore of `max_concurrent_env`);
-    `grader`: the trusted judge (default: the namespace judge on `provider`, which must
-    then be a `CellPool`)."""
+    `grader`: the trusted judge (default: `judge.grade.grade` on `provider`, which picks
+    the judge by the task's kind)."""
 
     def __init__(self, policy: Policy, config: AgentConfig, provider: SandboxProvider, *,
                  leaser: Leaser | None = None, env_slot: EnvSlot | None = None,
@@ -600,9 +600,6 @@ class Episodes:
         if not isinstance(provider, SandboxProvider):
             raise UsageError(f"rollout: pool must be a SandboxProvider (CellPool, "
                              f"FakeProvider, ...), got {type(provider).__name__}")
-        if grader is None and not isinstance(provider, CellPool):
-            raise UsageError(f"rollout: the default judge runs on the namespace tier's "
-                             f"CellPool; with a {type(provider).__name__} pass grader=")
         self.cfg, self.policy, self.provider = config, policy, provider
         self.stats = RolloutStats()
         self.own_leaser = leaser is None
@@ -698,7 +695,7 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
     `pool`: the `SandboxProvider` sessions come from (default: the process's
     `CellPool`). `leaser`: who lends the episodes their sessions (default: a
     `DirectLeaser` on `pool.open`, closed at the end). `grader`: the trusted judge
-    (default: the namespace judge on `pool`, a `CellPool`). `max_turns` overrides the
+    (default: `judge.grade.grade` on `pool`). `max_turns` overrides the
     config's. `env_slots`: the environment slots (`async with` around each turn's run and
     grading), when they are shared with other rollouts running at the same time;
     default: a fresh semaphore of `max_concurrent_env`. An `InfraError` from the policy
