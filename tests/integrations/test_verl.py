@@ -132,3 +132,41 @@ def test_verl_itself_loads_the_module_and_its_reward_manager_scores_with_it() ->
     finally:
         sys.modules.pop("custom_module", None)
         verl_module.shutdown()
+
+
+def test_verls_own_sandbox_fusion_client_runs_against_trialbox_serve() -> None:
+    """verl's SandboxFusion reward path (`verl.utils.reward_score.sandbox_fusion`:
+    `compute_score` and the `call_sandbox_api` under it, as verl's `prime_code`/sandbox
+    rewards use them) pointed at `trialbox serve`'s `/run_code`: right code scores 1.0,
+    wrong code 0.0, a C++ program runs, and verl's `memory_limit_MB` is honoured."""
+    from verl.utils.reward_score.sandbox_fusion import compute_score as fusion_score
+    from verl.utils.reward_score.sandbox_fusion.utils import call_sandbox_api
+
+    from tests.service.conftest import Server
+
+    server = Server()
+    try:
+        url = server.url + "/run_code"
+        cases = {"inputs": ["2\n", "5\n"], "outputs": ["4\n", "10\n"]}
+        good = "```python\nprint(int(input()) * 2)\n```"
+        bad = "```python\nprint(int(input()) + 1)\n```"
+        score, _meta = fusion_score(url, None, 256, good, json.dumps(cases))
+        assert score == 1.0, _meta
+        score, _meta = fusion_score(url, None, 256, bad, cases)
+        assert score == 0.0
+        out, err = call_sandbox_api(url, "#include <cstdio>\nint main(){int x; "
+                                    "scanf(\"%d\",&x); printf(\"%d\\n\", x*3);}", "7\n",
+                                    compile_timeout=30, run_timeout=10, memory_limit_mb=256,
+                                    language="cpp")
+        assert err is None and out is not None, err
+        assert out["status"] == "Success" and out["run_result"]["stdout"] == "21\n", out
+        hog = "x = bytearray(300 << 20)\nprint('allocated')"
+        out, err = call_sandbox_api(url, hog, "", compile_timeout=10, run_timeout=10,
+                                    memory_limit_mb=128, language="python")
+        assert err is None and out is not None and out["status"] != "Success", out
+        assert "allocated" not in out["run_result"]["stdout"]
+        out, err = call_sandbox_api(url, hog, "", compile_timeout=10, run_timeout=10,
+                                    memory_limit_mb=1024, language="python")
+        assert out is not None and out["run_result"]["stdout"] == "allocated\n", (out, err)
+    finally:
+        server.stop()
