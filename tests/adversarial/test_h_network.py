@@ -75,6 +75,7 @@ def gated() -> Iterator[Runner]:
     nw.check_node()
     m = Mirror()
     r = Runner(PoolConfig(warm=1, net_egress=m.path))
+    _MIRRORS[id(r)] = m
     yield r
     r.close()
     m.close()
@@ -95,3 +96,83 @@ def test_no_other_way_out_than_the_allowed_pair(gated: Runner) -> None:
     assert not leaked, out
     assert refused >= 4, (refused, out)
     gated.assert_no_leaks(timeout=30)
+
+
+FLOOD = r"""
+import socket, time
+n, t, socks = 0, time.time(), []
+while time.time() - t < 8:
+    s = socket.socket(); s.setblocking(False)
+    s.connect_ex(("10.77.0.5", 7070))    # allowed; its server never accepts
+    socks.append(s)
+    if len(socks) > 150:
+        socks.pop(0).close()
+    n += 1
+print(n)
+"""
+
+NEIGHBOUR = r"""
+import socket, time
+for i in range(5):
+    s = socket.create_connection(("10.77.0.5", 8080), 8)
+    assert s.recv(100) == b"allowed"
+    s.close(); time.sleep(0.3)
+print("ok")
+"""
+
+
+def test_one_session_cannot_exhaust_the_forwarder_for_everyone(gated: Runner) -> None:
+    """A candidate opening and dropping connections to an allowed destination that
+    never answers: the supervisor's descriptors stay bounded (before: ~20,000 within
+    15 s, its limit, and the gate's accept died with EMFILE) and a neighbour's allowed
+    connections work throughout."""
+    import asyncio
+    import os
+    import socket
+
+    hole = nw.socket_in(_mirror_ns(gated), socket.AF_INET)
+    hole.bind(("10.77.0.5", 7070))
+    hole.listen(0)
+
+    async def body():
+        base = len(os.listdir("/proc/self/fd"))
+        peak, stop = [base], asyncio.Event()
+
+        async def watch():
+            while not stop.is_set():
+                peak.append(len(os.listdir("/proc/self/fd")))
+                await asyncio.sleep(0.2)
+
+        async def flood():
+            lim = ROOMY.with_(net_allow=("10.77.0.5:7070",))
+            async with await gated.pool.open(lim) as sb:
+                return await run_code(sb, FLOOD, "python")
+
+        async def neighbour():
+            await asyncio.sleep(3)
+            lim = ROOMY.with_(net_allow=("10.77.0.5:8080",))
+            async with await gated.pool.open(lim) as sb:
+                return await run_code(sb, NEIGHBOUR, "python")
+
+        w = asyncio.ensure_future(watch())
+        try:
+            f, n = await asyncio.gather(flood(), neighbour())
+        finally:
+            stop.set()
+            await w
+        return base, max(peak), f, n
+    try:
+        base, peak, f, n = gated.run(body(), timeout=180)
+    finally:
+        hole.close()
+    assert f.status is ExecStatus.OK and int(f.stdout) > 0, (f.status, f.stderr[-300:])
+    assert n.status is ExecStatus.OK and n.stdout == b"ok\n", (n.status, n.stderr[-500:])
+    assert peak - base < 600, (base, peak)   # 2 x MAX_CONNECTIONS (64) and the sessions
+    gated.assert_no_leaks(timeout=30)
+
+
+def _mirror_ns(gated: Runner) -> int:
+    return _MIRRORS[id(gated)].ns
+
+
+_MIRRORS: dict[int, Mirror] = {}

@@ -57,6 +57,12 @@ GW4, SB4 = "169.254.0.1", "169.254.0.2"
 GW6, SB6 = "fe80::1", "fe80::2"
 CONNECT_TIMEOUT_S = 10.0
 """How long the forwarder waits for an allowed destination to accept."""
+MAX_CONNECTIONS = 64
+"""Connections one gate forwards (or waits on) at once, two supervisor descriptors
+each; past it a new one is reset at once (`Gate.busy`). Without it one candidate opening
+and closing connections to an allowed destination that does not answer held ~20,000 of
+the supervisor's descriptors within 15 s (each waiting CONNECT_TIMEOUT_S), until its
+accept failed with EMFILE for every session."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -200,6 +206,9 @@ class Gate:
         """Connections made to an allowed destination."""
         self.failed = 0
         """Allowed connections whose destination did not accept."""
+        self.busy = 0
+        """Connections reset because MAX_CONNECTIONS were in flight already."""
+        self.active = 0
         self.closed = False
         self._final: int | None = None
         self._egress_fd: int | None = None
@@ -288,8 +297,21 @@ class Gate:
     async def _accept(self, loop: asyncio.AbstractEventLoop, lsock: socket.socket) -> None:
         try:
             while not self.closed:
-                conn, _peer = await loop.sock_accept(lsock)
+                try:
+                    conn, _peer = await loop.sock_accept(lsock)
+                except OSError as e:  # EMFILE, ENOBUFS: the supervisor's, for a moment
+                    log.warning("network gate: accept failed: %s", e)
+                    await asyncio.sleep(0.05)
+                    continue
+                if self.active >= MAX_CONNECTIONS:
+                    self.busy += 1
+                    with contextlib.suppress(OSError):  # the candidate sees a reset
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                        b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    conn.close()
+                    continue
                 conn.setblocking(False)
+                self.active += 1
                 self._spawn(loop, self._forward(loop, conn))
         finally:  # closed here, after the loop has stopped watching it
             lsock.close()
@@ -324,6 +346,7 @@ class Gate:
         except (OSError, asyncio.CancelledError):
             pass
         finally:
+            self.active -= 1
             for s in (conn, out):
                 if s is not None:
                     self.socks.discard(s)
