@@ -109,3 +109,58 @@ def test_what_an_answer_leaves_in_app_never_excludes_it(pool, expected_task, how
     g = grade(pool, expected_task, BREAKERS[how] + "\n")
     assert g.outcome in (Outcome.FAILED, Outcome.TIMEOUT, Outcome.MEMORY), (how, g)
     assert g.reward == 0.0, (how, g)
+
+
+# A verifier whose tools Python starts from /app (the working directory): an answer file
+# named like a module they import would run in their place.
+UNITTEST_SH = """\
+#!/bin/bash
+cd /app
+if python3 -m unittest discover -s /tests -p 'test_*.py'; then
+  echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+TEST_OUT = """\
+import unittest
+from helper import expected   # a helper next to the test, in /tests
+class T(unittest.TestCase):
+    def test_out(self):
+        self.assertEqual(open("/app/out.txt").read(), expected())
+"""
+HELPER = "def expected():\n    return open('/tests/expected.txt').read()\n"
+
+SHADOWS = {
+    "unittest": "printf 'import sys; sys.exit(0)\\n' > /app/unittest.py",
+    "unittest-package": "mkdir -p /app/unittest && printf 'import sys; sys.exit(0)\\n' "
+                        "> /app/unittest/__init__.py && cp /app/unittest/__init__.py "
+                        "/app/unittest/__main__.py",
+    "runpy-dependency": "printf 'import os; os._exit(0)\\n' > /app/argparse.py",
+    "sitecustomize": "printf 'import os; os._exit(0)\\n' > /app/sitecustomize.py",
+}
+
+
+@pytest.fixture(scope="module")
+def unittest_task(tmp_path_factory):
+    root = tmp_path_factory.mktemp("harbor-shadow")
+    [task] = load_harbor(str(make_task(
+        root, "shadow", test_sh=UNITTEST_SH, solve=SOLVE,
+        extra_tests={"expected.txt": "secret-42\n", "test_out.py": TEST_OUT,
+                     "helper.py": HELPER})))
+    return task
+
+
+def test_the_unittest_task_tells_right_from_wrong(pool, unittest_task):
+    ok = grade(pool, unittest_task, SOLVE)
+    assert ok.outcome is Outcome.PASSED and ok.reward == 1.0, ok  # /tests helpers import
+    bad = grade(pool, unittest_task, "echo wrong > /app/out.txt\n")
+    assert bad.outcome is Outcome.FAILED and bad.reward == 0.0, bad
+
+
+@pytest.mark.parametrize("how", sorted(SHADOWS))
+def test_an_answer_file_shadowing_a_module_never_runs_for_the_verifier(pool, unittest_task,
+                                                                        how):
+    """The verifier's Python never puts /app first on sys.path (PYTHONSAFEPATH, /tests
+    on PYTHONPATH): /app/unittest.py and the like are never imported in place of the
+    real modules, so a wrong answer planting one still fails."""
+    g = grade(pool, unittest_task, "echo wrong > /app/out.txt\n" + SHADOWS[how] + "\n")
+    assert g.outcome is Outcome.FAILED and g.reward == 0.0, (how, g)

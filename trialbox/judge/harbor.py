@@ -153,6 +153,15 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
                         agent_status=ran.status.value)
     async with await provider.open(task.verifier_limits) as vb:
         env = {**dict(task.environment_env), **dict(task.verifier_env)}
+        # Python started by the verifier never puts the working directory (/app, the
+        # answer's files) or a script's own directory first on sys.path: else an answer
+        # file named like a module the verifier's tools import (/app/unittest.py,
+        # /app/json.py) runs in their place. /tests is put on the path instead, so test
+        # scripts still import their helpers; a verifier that means to import the
+        # answer's modules says so (PYTHONPATH=/app in its [verifier] env, or
+        # sys.path in its script) — then it runs the answer's code, the documented risk.
+        env["PYTHONSAFEPATH"] = "1"
+        env["PYTHONPATH"] = ":".join(p for p in ("/tests", env.get("PYTHONPATH", "")) if p)
         for where, data in (("/workspace", packed.stdout), ("/tmp/tests", _tar(task.tests))):
             r = await _untar(vb, where, data, env)
             if r.status is not ExecStatus.OK or r.exit_code != 0:
