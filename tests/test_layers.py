@@ -76,3 +76,43 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
     f.write_text("def f():\n    from trialbox.train.trainer import Trainer\n"
                  "from trialbox import cli\n")
     assert sorted(imports_of(f)) == [(2, "trialbox.train.trainer"), (3, "trialbox.cli")]
+
+
+# The namespace tier's modules, lowest first: each imports (at import time) only the ones
+# before it. A session (namespace.py) supervises its runs (supervisor.py) in cells of the
+# warm pool (pool.py), which speaks to the zygote (zygote_client.py) and reaps what dead
+# pools left (reaper.py). The references back up — a cell's pool, a run's session, the
+# pool's `open` returning a session — are type-only or inside a function.
+NAMESPACE_TIER = ["reaper", "zygote_client", "pool", "supervisor", "namespace"]
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The trialbox modules a file imports when it is imported: module-level imports,
+    not those under `if TYPE_CHECKING:` or inside functions."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "trialbox.sandbox":
+                found |= {f"trialbox.sandbox.{a.name}" for a in node.names}
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_the_namespace_tier_modules_import_downward() -> None:
+    bad = []
+    for i, name in enumerate(NAMESPACE_TIER):
+        path = PACKAGE / "sandbox" / f"{name}.py"
+        for above in NAMESPACE_TIER[i + 1:]:
+            if f"trialbox.sandbox.{above}" in top_level_imports(path):
+                bad.append(f"sandbox/{name}.py imports sandbox/{above}.py")
+    assert bad == []
+
+
+def test_the_downward_check_sees_a_module_level_import(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nfrom trialbox.sandbox import pool\n"
+                 "if TYPE_CHECKING:\n    from trialbox.sandbox.namespace import X\n"
+                 "def f():\n    from trialbox.sandbox.supervisor import Run\n")
+    assert top_level_imports(f) == {"typing", "trialbox.sandbox", "trialbox.sandbox.pool"}

@@ -273,7 +273,8 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
     cluster.remove_node(joined[0])
     # the dead node's pool left cells behind it; the next pool on this host reaps them
     from trialbox.sandbox.cgroups import CgroupDriver
-    from trialbox.sandbox.pool import PoolConfig, reap_orphans
+    from trialbox.sandbox.pool import PoolConfig
+    from trialbox.sandbox.reaper import reap_orphans
     reap_orphans(PoolConfig().state_dir, CgroupDriver.detect())
     dead = [d for top in CgroupDriver.detect().dirs("trialbox") if os.path.isdir(top)
             for d in os.listdir(top)]
@@ -281,8 +282,8 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
 
 
 def _alive_owner(name: str) -> bool:
-    from trialbox.sandbox.pool import _owner_alive
-    return _owner_alive(name)
+    from trialbox.sandbox.reaper import owner_alive
+    return owner_alive(name)
 
 
 def test_cut_off_node_is_fenced_and_its_late_answers_discarded(

@@ -17,8 +17,8 @@ import pytest
 
 from tests.conftest import Runner
 from trialbox.errors import SandboxUnavailable
-from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig, native, pool
-from trialbox.sandbox.pool import BASE_ENV, encode_spec
+from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig, native, zygote_client
+from trialbox.sandbox.zygote_client import BASE_ENV, encode_spec
 from trialbox.types import ExecStatus, Limits
 
 FAST = Limits(wall_s=3, memory_mb=128, disk_mb=16)
@@ -26,7 +26,7 @@ FAST = Limits(wall_s=3, memory_mb=128, disk_mb=16)
 
 def zygote_module() -> Any:
     """zygote.py imported as a plain module (it is standalone: it runs as a script)."""
-    spec = importlib.util.spec_from_file_location("_zygote_under_test", pool.ZYGOTE)
+    spec = importlib.util.spec_from_file_location("_zygote_under_test", zygote_client.ZYGOTE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -151,12 +151,12 @@ def test_a_malformed_spec_is_infrastructure_not_the_candidates(
         mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A spec the candidate cannot read is reported by the cell (`E`), the run is INFRA
     with the cause, and the pool goes on working."""
-    real = pool.encode_spec
+    real = zygote_client.encode_spec
     broken = {"on": True}
 
     def encode(spec: dict[str, Any]) -> bytes:
         return real(spec)[:7] if broken["on"] else real(spec)
-    monkeypatch.setattr(pool, "encode_spec", encode)
+    monkeypatch.setattr(zygote_client, "encode_spec", encode)
 
     async def body() -> tuple[Any, Any]:
         p = await CellPool(PoolConfig(warm=1, native=mode)).start()

@@ -123,7 +123,7 @@ def test_zygote_death_is_infra_then_recovers(runner):
             assert first.status is ExecStatus.OK
             task = asyncio.ensure_future(sb.exec(["sleep", "2"]))
             await asyncio.sleep(0.3)
-            os.kill(pool._zproc.pid, signal.SIGKILL)
+            os.kill(pool.zygote.proc.pid, signal.SIGKILL)
             during = await task
             after = await sb.exec(["cat", "keep.txt"])
             return during, after

@@ -181,7 +181,7 @@ def test_a_runs_environment_is_exactly_its_own(runner):
     """The usual environment is the zygote's already (a run that asks for nothing else
     inherits it); a run with its own variables sees exactly those plus the base ones,
     in os.environ and in the C library's environment, and the next run does not."""
-    from trialbox.sandbox.pool import BASE_ENV
+    from trialbox.sandbox.zygote_client import BASE_ENV
     show = ("import json, os, ctypes\n"
             "libc = ctypes.CDLL(None); libc.getenv.restype = ctypes.c_char_p\n"
             "print(json.dumps([dict(os.environ), libc.getenv(b'EXTRA')"

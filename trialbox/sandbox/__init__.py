@@ -7,12 +7,13 @@
         await sb.write_file("a.txt", b"kept across runs")
         r1 = await sb.exec(["cat", "a.txt"])
 
-Tiers: `namespace` (the embedded default; see namespace.py, pool.py, zygote.py), `gvisor`
-(gVisor's user-space kernel, gvisor.py) and `container` (runc/crun, container.py), the
-last two over OCI bundles (oci.py); `trialbox doctor` says which this node can run
-(doctor.py). A tier the node lacks is an error, never a fallback. The interface lives in
-base.py; `FakeSandbox` (fake.py) stands in for it in upper layers'
-tests.
+Tiers: `namespace` (the embedded default; see namespace.py and supervisor.py for a
+session and its runs, pool.py for the warm pool, zygote_client.py and zygote.py for the
+cells, reaper.py for what dead pools left), `gvisor` (gVisor's user-space kernel,
+gvisor.py) and `container` (runc/crun, container.py), the last two over OCI bundles
+(oci.py); `trialbox doctor` says which this node can run (doctor.py). A tier the node
+lacks is an error, never a fallback. The interface lives in base.py; `FakeSandbox`
+(fake.py) stands in for it in upper layers' tests.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
  * its first instruction, and ~1.4 ms of C's CPU. The steps here touch no Python object.
  *
  * Built by trialbox.sandbox.native (gcc, cached) and loaded by the zygote with ctypes.
- * libc only. The message formats are pool.Cell.send's and pool.encode_spec's.
+ * libc only. The message formats are zygote_client.Cell.send's and zygote_client.encode_spec's.
  *
  * tb_cell(cfg, res) is B's life after its root is built: runs, resets, runs... It
  * returns in two processes: in B with TB_EOF (the session socket closed) or -1 (res

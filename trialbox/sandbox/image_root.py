@@ -49,7 +49,7 @@ _ETC_SKIP = {"alternatives", "shadow", "gshadow"}
 def prepare_template(image: Image, root: str) -> None:
     """Put the image's /etc (but alternatives, bound, and the shadow files) in a cell
     root template, and the mount points of `EXTRA_TOPS`; the pool then writes its own
-    passwd, group, hosts... over it (pool._build_root_template)."""
+    passwd, group, hosts... over it (zygote_client.build_root_template)."""
     src = os.path.join(image.rootfs, "etc")
     os.makedirs(os.path.join(root, "etc"), exist_ok=True)
     for name in sorted(os.listdir(src)):

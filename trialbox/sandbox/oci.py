@@ -24,7 +24,7 @@ when a limit is passed; the fork server then kills every process in the sandbox 
 itself before it reports the end of the run. Files are read and written on the host
 side, never through the candidate.
 
-`<owner>` carries the supervisor's pid and start time (pool.owner_id): a provider
+`<owner>` carries the supervisor's pid and start time (reaper.owner_id): a provider
 starting up reaps what dead supervisors left behind — containers (`runtime delete
 --force`), processes in their cgroups, cgroups, mounts, directories.
 """
@@ -50,9 +50,9 @@ from trialbox.sandbox import mounts
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.cgroups import _mounts as _cgroup_mounts
 from trialbox.sandbox.network import Gate, check_node, configure_sandbox_side, new_netns
-from trialbox.sandbox.pool import (DEV_NODES, _build_root_template, _owner_alive,
-                                   owner_id, system_runtime)
+from trialbox.sandbox.reaper import owner_alive, owner_id
 from trialbox.sandbox.seccomp import build_filter
+from trialbox.sandbox.zygote_client import DEV_NODES, build_root_template, system_runtime
 from trialbox.types import Limits, Runtime
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def build_rootfs(root: str, src: str = "/") -> None:
     """The read-only root skeleton (the namespace tier's, pool.py) plus /.tb for the
     fork server; `src`: the root whose loader cache and top-level links it takes (an
     image's rootfs, or the host's)."""
-    _build_root_template(root, src)
+    build_root_template(root, src)
     os.makedirs(os.path.join(root, ".tb"), exist_ok=True)
     os.makedirs(os.path.join(root, "sys"), exist_ok=True)
 
@@ -725,7 +725,7 @@ def reap_orphans(state_dir: str) -> dict[str, int]:
     counts = {"containers": 0, "processes": 0, "cgroups": 0, "mounts": 0}
     if os.path.isdir(state_dir):
         for name in os.listdir(state_dir):
-            if _owner_alive(name):
+            if owner_alive(name):
                 continue
             path = os.path.join(state_dir, name)
             root = os.path.join(path, "runtime")
@@ -750,7 +750,7 @@ def reap_orphans(state_dir: str) -> dict[str, int]:
         top = os.path.join(root, "trialbox-oci")
         if os.path.isdir(top):
             dead |= {name for name in os.listdir(top)
-                     if os.path.isdir(os.path.join(top, name)) and not _owner_alive(name)}
+                     if os.path.isdir(os.path.join(top, name)) and not owner_alive(name)}
     for name in sorted(dead):
         rel = f"trialbox-oci/{name}"
         counts["processes"] += len({p for root in cgroup_roots()

@@ -7,7 +7,7 @@ its wall time is timed here and its CPU time and memory read from the session's 
 every `POLL_S`; a limit passed sends the fork server a kill (every process but itself),
 and if the fork server does not answer in `STOP_GRACE_S` the container is destroyed
 (the next run starts a new one over the same files). Statuses are classified as the
-namespace tier's (namespace.py `_Run._classify`).
+namespace tier's (supervisor.py `Run._classify`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from typing import Any
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError
 from trialbox.sandbox import mounts
-from trialbox.sandbox.namespace import _check_pass_fds, _close_quietly, run_environment
+from trialbox.sandbox.namespace import _check_pass_fds, run_environment
 from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S, Container,
                                   OciProvider)
+from trialbox.sandbox.supervisor import close_quietly
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 CARRY_ALL = 1 << 62
@@ -180,7 +181,7 @@ class OciSession:
                 return await self._exec(spec, bytes(stdin), limits, passed)
             finally:
                 for fd in passed:  # ours to close once handed over (or on any failure)
-                    _close_quietly(fd)
+                    close_quietly(fd)
 
     async def _exec(self, spec: dict[str, Any], stdin: bytes, limits: Limits,
                     passed: list[int]) -> ExecResult:
@@ -348,7 +349,7 @@ class _Run:
             c.on_frame = c.on_eof = None
             return self.sb._infra(f"could not start the run: {e}")
         for fd in self.passed:  # handed over: EOF on their peers now means the run is gone
-            _close_quietly(fd)
+            close_quietly(fd)
         self.passed.clear()
         self._timer = self.loop.call_later(POLL_S, self._poll)
         try:

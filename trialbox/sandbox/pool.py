@@ -12,33 +12,33 @@ destroyed when the session closes: nothing reaches the next session.
 
 Everything the pool creates on the host lives under names that carry the owner's pid and
 start time (`/run/trialbox/<pid>-<start>/…`, `<cgroup>/trialbox/<pid>-<start>/…`), so a
-new pool can tell what a dead one left behind and reap it: processes, cgroups, mounts.
+new pool can tell what a dead one left behind and reap it: processes, cgroups, mounts
+(reaper.py). The zygote and the cells it prepares are spoken to through
+zygote_client.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import itertools
 import logging
 import os
 import shutil
 import socket
-import struct
-import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError, ZygoteDied
 from trialbox.sandbox import mounts
 from trialbox.sandbox.capacity import Admission, derive_capacity, raise_fd_limit
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
-from trialbox.sandbox.seccomp import build_filter
+from trialbox.sandbox.reaper import owner_id, reap_orphans
+from trialbox.sandbox.zygote_client import (BASE_ENV, Cell, FdReader, SocketReader, Zygote,
+                                            build_root_template, cell_config,
+                                            system_runtime)
 from trialbox.telemetry import traced_cell_start, traced_warm
 from trialbox.types import Limits, Runtime
 
@@ -47,17 +47,9 @@ if TYPE_CHECKING:
     from trialbox.sandbox.namespace import NamespaceSandbox
     from trialbox.sandbox.snapshot import Snapshot
 
-log = logging.getLogger("trialbox.sandbox.pool")
+__all__ = ["BASE_ENV", "Cell", "CellPool", "FdReader", "PoolConfig", "reap_orphans"]
 
-ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
-MOUNT_TARGETS = ["/workspace", "/tmp", "/dev/shm"]
-"""Where a session's work/, tmp/ and shm/ appear inside its cell."""
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
-BASE_ENV = {"PATH": SANDBOX_PATH, "HOME": "/workspace", "LANG": "C.UTF-8",
-            "TMPDIR": "/tmp", "USER": "sandbox", "LOGNAME": "sandbox",
-            "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
-"""A run's environment unless it adds its own; the zygote holds it already (a run
-that asks for exactly this environment does not rebuild it)."""
+log = logging.getLogger("trialbox.sandbox.pool")
 
 
 @dataclass(frozen=True)
@@ -148,305 +140,6 @@ class PoolConfig:
                              "user) and uid_count >= 1")
 
 
-def _proc_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-_pool_seq = itertools.count(1)
-
-
-def owner_id(pid: int | None = None) -> str:
-    """`<pid>-<process start time>-<n>`: unique per pool, and tells whether its owner
-    process is still alive (pids are reused; start times are not)."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}-{_proc_start(pid)}-{next(_pool_seq)}"
-
-
-def _owner_alive(name: str) -> bool:
-    parts = name.split("-")
-    if len(parts) < 2 or not parts[0].isdigit():
-        return True  # not ours: leave it alone
-    return _proc_start(int(parts[0])) == parts[1]
-
-
-def reap_orphans(state_dir: str, driver: CgroupDriver) -> dict[str, int]:
-    """Remove what dead pools left: processes in their cgroups, the cgroups, mounts."""
-    counts = {"processes": 0, "cgroups": 0, "mounts": 0}
-    if os.path.isdir(state_dir):
-        for name in os.listdir(state_dir):
-            if _owner_alive(name):
-                continue
-            path = os.path.join(state_dir, name)
-            for mp in mounts.mounts_under(path):
-                mounts.umount(mp)
-                counts["mounts"] += 1
-            shutil.rmtree(path, ignore_errors=True)
-    for top in driver.dirs("trialbox"):
-        if not os.path.isdir(top):
-            continue
-        for name in os.listdir(top):
-            if not os.path.isdir(os.path.join(top, name)) or _owner_alive(name):
-                continue
-            rel = f"trialbox/{name}"
-            for _ in range(50):
-                pids = [p for d in _cell_dirs(top, name) for p in _cg_pids(d)]
-                if not pids:
-                    break
-                counts["processes"] += len(pids)
-                for pid in pids:
-                    try:
-                        os.kill(pid, 9)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.02)
-            if driver.remove(rel):
-                counts["cgroups"] += 1
-    return counts
-
-
-def _cell_dirs(top: str, name: str) -> list[str]:
-    base = os.path.join(top, name)
-    return [base] + [os.path.join(base, c) for c in os.listdir(base)
-                     if os.path.isdir(os.path.join(base, c))]
-
-
-def _cg_pids(d: str) -> list[int]:
-    try:
-        with open(os.path.join(d, "cgroup.procs")) as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def system_runtime(python: str = "/usr/bin/python3") -> Runtime:
-    real = os.path.realpath(python)
-    if not os.path.isfile(real):
-        raise SandboxUnavailable(f"runtime interpreter {python} not found; install python3 "
-                                 "(apt-get install python3) or declare another runtime")
-    h = hashlib.sha256()
-    with open(real, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    out = subprocess.run([real, "-I", "-S", "-c",
-                          "import sys;print('%d.%d.%d'%sys.version_info[:3])"],
-                         capture_output=True, text=True, env={}, timeout=30)
-    version = out.stdout.strip()
-    major_minor = ".".join(version.split(".")[:2])
-    return Runtime(name=f"python{major_minor}-system", python=python, version=version,
-                   digest=h.hexdigest())
-
-
-# ------------------------------------------------------------------ fd readers
-
-class FdReader:
-    """Reads a pipe on the event loop; keeps the first `cap` bytes and counts the rest."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, cap: int,
-                 on_data: Callable[[FdReader], None] | None = None):
-        self.loop, self.fd, self.cap, self.on_data = loop, fd, cap, on_data
-        self.buf = bytearray()
-        self.total = 0
-        self.done: asyncio.Future[None] = loop.create_future()
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._read)
-
-    def _recv(self) -> bytes:
-        return os.read(self.fd, 1 << 16)
-
-    def _read(self) -> None:
-        try:
-            data = self._recv()
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.close()
-            return
-        self.total += len(data)
-        room = self.cap - len(self.buf)
-        if room > 0:
-            self.buf += data[:room]
-        if self.on_data is not None:
-            self.on_data(self)
-
-    def drain(self, limit: int = 4 << 20) -> None:
-        """Read what the pipe holds now, without waiting for more (at most `limit`)."""
-        while self.fd >= 0 and limit > 0:
-            before = self.total
-            self._read()
-            if self.total == before:  # nothing there (EAGAIN), or EOF closed it
-                return
-            limit -= self.total - before
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            self.loop.remove_reader(self.fd)
-            self._close_fd()
-            self.fd = -1
-        if not self.done.done():
-            self.done.set_result(None)
-
-    def _close_fd(self) -> None:
-        os.close(self.fd)
-
-
-class SocketReader(FdReader):
-    """Reads a cell's status records from its session socket, the descriptor the
-    supervisor also sends its `go`s on (one descriptor per cell, not a socket and a
-    pipe: at 10,000 live sessions the difference is 10,000 descriptors). Reads never
-    block (MSG_DONTWAIT) while sends stay blocking; closing stops the reading, and the
-    socket's owner (the cell) closes the socket itself."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, cap: int,
-                 on_data: Callable[[FdReader], None] | None = None):
-        self.sock = sock
-        self.loop, self.fd, self.cap, self.on_data = loop, sock.fileno(), cap, on_data
-        self.buf = bytearray()
-        self.total = 0
-        self.done = loop.create_future()
-        loop.add_reader(self.fd, self._read)
-
-    def _recv(self) -> bytes:
-        return self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
-
-    def _close_fd(self) -> None:
-        pass  # the cell closes its socket
-
-
-# ------------------------------------------------------------------ cells
-
-_RLIMIT_NUMBERS = {"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_CORE": 4,
-                   "RLIMIT_NOFILE": 7}
-_NO_LIMIT = (1 << 64) - 1
-
-
-def encode_spec(spec: dict[str, Any]) -> bytes:
-    """A run's spec as the candidate reads it — in C (cell.c `enter`) or in Python
-    (zygote.decode_spec): no JSON, whose parser in a freshly forked process costs
-    ~80 copy-on-write faults. Little-endian: u32 uid; u8 n, n x (u8 resource, u64
-    soft, u64 hard; all ones = unlimited); u8 m, m x u8 fd target; u16 length + cwd;
-    then the program, NUL-separated: mode, path, argc, argv..., and `=` for the pool's
-    own environment (BASE_ENV, which the candidate inherits) or its KEY=VALUE items."""
-    rlimits = spec["rlimits"]
-    out = [struct.pack("<IB", spec["uid"], len(rlimits))]
-    for name, (soft, hard) in rlimits.items():
-        out.append(struct.pack("<BQQ", _RLIMIT_NUMBERS[name],
-                               _NO_LIMIT if soft < 0 else soft,
-                               _NO_LIMIT if hard < 0 else hard))
-    targets = spec.get("fds", [])
-    out.append(struct.pack("<B", len(targets)) + bytes(targets))
-    cwd = spec["cwd"].encode("utf-8", "surrogateescape")
-    out.append(struct.pack("<H", len(cwd)) + cwd)
-    argv = spec["argv"]
-    env = spec["env"]
-    program = [spec["mode"], spec["path"] or "", str(len(argv)), *argv]
-    program += ["="] if env == BASE_ENV else [f"{k}={v}" for k, v in env.items()]
-    out.append(b"\0".join(x.encode("utf-8", "surrogatepass") for x in program))
-    return b"".join(out)
-
-
-class Cell:
-    """One session's prepared sandbox (see zygote.py): used by one session, then gone."""
-
-    def __init__(self, pool: CellPool, cid: str, net: bool, limits: Limits):
-        self.pool, self.id, self.net, self.limits = pool, cid, net, limits
-        self.rel = f"trialbox/{pool.id}/{cid}"
-        self.files: CellFiles | None = None
-        self.uses = 0
-        self.go: socket.socket | None = None
-        self.status: FdReader | None = None
-        self.ready: asyncio.Future[None] = pool.loop.create_future()
-        # A cell that dies while nobody awaits it is normal (pool shutdown, discard).
-        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.on_status: Callable[[Cell], None] | None = None
-        self.error = ""
-        self.idle_since = 0.0  # when it last went into the ready set (pool trimming)
-        self.trees: list[int] = []
-        """Clones of a session's workspace trees, for the init to attach on the next
-        `go` (namespace.py); sent with it, or closed when the cell is handed back."""
-
-    def _status_data(self, reader: FdReader) -> None:
-        if not self.ready.done():
-            buf = bytes(reader.buf)
-            if buf.startswith(b"R"):
-                self.ready.set_result(None)
-            elif buf:
-                self.error = buf[3:].decode(errors="replace") if buf.startswith(b"E") \
-                    else f"unexpected status bytes {buf[:16]!r}"
-                self.ready.set_exception(SandboxStartError(f"cell {self.id}: {self.error}"))
-        if self.on_status is not None:
-            self.on_status(self)
-
-    def _status_eof(self, _f: asyncio.Future[None]) -> None:
-        if not self.ready.done():
-            self.ready.set_exception(SandboxStartError(
-                f"cell {self.id} died while being prepared: "
-                f"{self.error or self.pool.zygote_log_tail()}"))
-        if self.on_status is not None:
-            self.on_status(self)
-
-    @property
-    def alive(self) -> bool:
-        return self.go is not None and self.status is not None and \
-            not self.status.done.done()
-
-    def send(self, tag: bytes, spec: dict[str, Any] | None = None,
-             fds: list[int] | None = None) -> None:
-        """A message to the cell's init (B) on the session socket: one tag byte (B reads
-        nothing else: parsing JSON in B cost ~60 copy-on-write faults a run, B's heap
-        being shared with the candidate it forked ahead), then the run's spec for the
-        candidate (`encode_spec`). Tags: G go, M go after attaching the session's trees
-        (its first run in this cell), g and m the same for the session's last run (no
-        candidate forked ahead after it), S stop, R reset."""
-        if self.go is None:
-            raise SandboxStartError(f"cell {self.id} is closed")
-        data = tag if spec is None else tag + encode_spec(spec)
-        if fds:
-            socket.send_fds(self.go, [data], fds)
-        else:
-            self.go.sendmsg([data])
-
-    def stop(self) -> None:
-        """Kill the run in flight (every process but the cell's init)."""
-        try:
-            self.send(b"S")
-        except (OSError, SandboxStartError):
-            self.kill()
-
-    def kill(self) -> None:
-        """Kill the whole cell (its init, hence its namespaces and every process)."""
-        try:
-            self.pool.send_zygote({"op": "kill", "cell": self.id})
-        except ZygoteDied:
-            self.pool.cgroups.kill_all(self.rel)
-
-    def open_files(self) -> CellFiles:
-        """The cell's cgroup files, reopened if `rest_files` closed them."""
-        if self.files is None:
-            if self.go is None:
-                raise SandboxStartError(f"cell {self.id} is closed")
-            self.files = self.pool.cgroups.open_files(self.rel)
-        return self.files
-
-    def rest_files(self) -> None:
-        """Between runs on a dense pool (PoolConfig.dense_after), close the cgroup files:
-        a session holding its cell then costs 1 descriptor, not 10; the next run
-        reopens them (`open_files`). Below that density nothing changes."""
-        if self.files is not None and len(self.pool._live) > self.pool.config.dense_after:
-            self.files.close()
-            self.files = None
-
-    def discard(self) -> None:
-        """Close an unused cell: its init sees EOF, everything in it dies, and its cgroup
-        goes to the janitor."""
-        self.pool.release(self)
-
-
 class CellPool:
     """A zygote and its warm cells; bound to the event loop it was started on. The
     namespace tier's `SandboxProvider` (base.py): `await pool.open(limits)` is a session."""
@@ -467,8 +160,8 @@ class CellPool:
         self.python_names: frozenset[str] = frozenset()
         self.recycles = False  # may a cleanly closed session's cell serve another (start)
         self.devnull = -1
-        self._zproc: subprocess.Popen[bytes] | None = None
-        self._ctl: socket.socket | None = None
+        self.zygote = Zygote(self.dir, self.config.python)
+        """The pool's zygote process (zygote_client.py); a new one when it dies."""
         self._ready: deque[Cell] = deque()
         self._warming = 0
         self._refilling = True  # between the low-water mark and the target (_refill)
@@ -544,7 +237,7 @@ class CellPool:
         if self.image_guard is not None:
             from trialbox.sandbox.image_root import prepare_template
             prepare_template(self.image_guard.image, self.root)
-        _build_root_template(self.root, self.image_guard.image.rootfs
+        build_root_template(self.root, self.image_guard.image.rootfs
                              if self.image_guard is not None else "/")
         self.native_path = self._build_native()
         self._spawn_zygote()
@@ -579,89 +272,27 @@ class CellPool:
             return None
 
     def _spawn_zygote(self) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        logf = open(os.path.join(self.dir, "zygote.log"), "ab")
-        script_fd = -1
-        try:
-            # Run from a copy in the pool's root-only state dir: candidates share this
-            # interpreter (and its argv) and need not learn where the project lives.
-            # Started as /dev/fd/N: its command line (which a candidate in this
-            # interpreter reads in /proc/self/cmdline) names no host path.
-            script = os.path.join(self.dir, "zygote.py")
-            shutil.copyfile(ZYGOTE, script)
-            script_fd = os.open(script, os.O_RDONLY)
-            preexec = None
-            if self.image_guard is not None:
-                from trialbox.sandbox.image_root import zygote_preexec
-                preexec = zygote_preexec(self.image_guard.image)
-            self._zproc = subprocess.Popen(
-                [self.config.python, "-I", "-B", f"/dev/fd/{script_fd}"], preexec_fn=preexec,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=logf,
-                pass_fds=[child.fileno(), script_fd], cwd="/", close_fds=True,
-                env={"LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin",
-                     "TRIALBOX_CTL_FD": str(child.fileno())})
-        finally:
-            logf.close()
-            child.close()
-            if script_fd >= 0:
-                os.close(script_fd)
-        self._ctl = parent
-        ro_binds = [["/usr", "/usr"], ["/etc/alternatives", "/etc/alternatives"]]
-        ro_binds += [[d, d] for d in etc_runtime_dirs()]
-        for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
-            if os.path.isdir(top) and not os.path.islink(top):
-                ro_binds.append([top, top])
-        env = BASE_ENV
-        if self.image_guard is not None:
-            from trialbox.sandbox.image_root import ro_binds as image_binds
-            ro_binds = image_binds(self.image_guard.image)
-            env = {**BASE_ENV, **dict(self.image_guard.image.env)}
-        dev_binds = [[f"/dev/{n}", f"/dev/{n}"] for n in DEV_NODES]
-        config = {"op": "config", "root": self.root, "ro_binds": ro_binds,
-                  "dev_binds": dev_binds, "hostname": "sandbox",
-                  "seccomp": build_filter().hex(), "preload": list(self.config.preload),
-                  "env": env, "mounts": MOUNT_TARGETS,
-                  "preload_sources": [list(x) for x in self.config.preload_sources],
-                  "native": self.native_path}
-        import json
-        parent.sendmsg([json.dumps(config).encode()])
-        parent.settimeout(30)
-        try:
-            hello = parent.recv(4096)
-        except OSError as e:
-            raise ZygoteDied(f"zygote did not answer: {e}; {self.zygote_log_tail()}") from e
-        if not hello:
-            raise ZygoteDied(f"zygote exited at start: {self.zygote_log_tail()}")
-        self.native = bool(json.loads(hello).get("native"))
+        image = self.image_guard.image if self.image_guard is not None else None
+        preexec = None
+        if image is not None:
+            from trialbox.sandbox.image_root import zygote_preexec
+            preexec = zygote_preexec(image)
+        self.native = self.zygote.spawn(
+            cell_config(self.root, image, self.config.preload, self.config.preload_sources,
+                        self.native_path), preexec)
         if self.native_path is not None and not self.native:
             why = f"the zygote could not load {self.native_path}: {self.zygote_log_tail()}"
             if self.config.native == "on":
                 raise SandboxUnavailable(why)
             log.warning("cells run their hot path in Python (slower): %s", why)
-        parent.settimeout(None)
-        parent.setblocking(True)
 
     def zygote_log_tail(self) -> str:
-        try:
-            with open(os.path.join(self.dir, "zygote.log"), "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 2000))
-                tail = f.read().decode(errors="replace").strip()
-        except OSError:
-            return "(no zygote log)"
-        return tail[-800:] or "(zygote log empty)"
+        return self.zygote.log_tail()
 
     def send_zygote(self, msg: dict[str, object], fds: list[int] | None = None) -> None:
-        import json
-        if self._ctl is None or self.closed:
+        if self.closed:
             raise ZygoteDied("the pool is closed")
-        try:
-            if fds:
-                socket.send_fds(self._ctl, [json.dumps(msg).encode()], fds)
-            else:
-                self._ctl.sendmsg([json.dumps(msg).encode()])
-        except OSError as e:
-            raise ZygoteDied(f"zygote is gone ({e}); {self.zygote_log_tail()}") from e
+        self.zygote.send(msg, fds)
 
     async def open(self, limits: Limits | None = None, *,
                    from_snapshot: Snapshot | None = None) -> NamespaceSandbox:
@@ -696,15 +327,7 @@ class CellPool:
             cell = self._ready.popleft()
             if cell.go is not None:
                 cell.go.close()
-        if self._ctl is not None:
-            self._ctl.close()
-            self._ctl = None
-        if self._zproc is not None:
-            try:
-                self._zproc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._zproc.kill()
-                self._zproc.wait()
+        self.zygote.close()
         for cell in list(self._live.values()):
             if cell.files is not None:
                 cell.files.close()
@@ -797,13 +420,12 @@ class CellPool:
     def _ensure_zygote(self) -> None:
         """Start a new zygote if the last one died (its cells died with it: their
         sessions get `infra` once and a fresh cell on their next run)."""
-        if self._zproc is not None and self._zproc.poll() is None:
+        if self.zygote.running:
             return
+        proc = self.zygote.proc
         log.warning("zygote exited (%s); starting a new one: %s",
-                    self._zproc.returncode if self._zproc else None, self.zygote_log_tail())
-        if self._ctl is not None:
-            self._ctl.close()
-            self._ctl = None
+                    proc.returncode if proc else None, self.zygote_log_tail())
+        self.zygote.detach()
         self.zygote_restarts += 1
         while self._ready:
             self.release(self._ready.popleft())
@@ -872,7 +494,7 @@ class CellPool:
             raise ZygoteDied("the pool is closed")
         self._in_use += 1
         self._note_demand()
-        if self._zproc is not None and self._zproc.poll() is not None:
+        if self.zygote.proc is not None and not self.zygote.running:
             while self._ready:  # cells of a dead zygote die with it
                 self.release(self._ready.popleft())
         try:
@@ -1015,7 +637,7 @@ class CellPool:
                 or now - self._ready[-1].idle_since >= self.config.shrink_after_s):
             self._ready.pop().discard()
         if self._failures >= 3:
-            if self._zproc is not None and self._zproc.poll() is not None:
+            if self.zygote.proc is not None and not self.zygote.running:
                 self._failures = 0  # the zygote died: the next warm restarts it
             else:
                 return
@@ -1054,69 +676,3 @@ class CellPool:
         cell.idle_since = time.monotonic()
         self._ready.append(cell)
         self._refill()
-
-
-DEV_NODES = ("null", "zero", "full", "random", "urandom")
-
-PASSWD = """root:x:0:0:root:/root:/usr/sbin/nologin
-sandbox:x:1000:1000:sandbox:/workspace:/bin/sh
-nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
-"""
-GROUP = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"
-
-
-def etc_runtime_dirs() -> list[str]:
-    """Configuration of runtimes under /usr that Debian keeps under /etc (a JDK's
-    `conf/security/java.security` is a link to /etc/java-17-openjdk/...: without it no
-    JVM starts). Bound read-only like /usr; nothing else of /etc is visible."""
-    import glob
-    return sorted(d for d in glob.glob("/etc/java-*-openjdk")
-                  if os.path.isdir(d) and not os.path.islink(d))
-
-
-def _build_root_template(root: str, src: str = "/") -> None:
-    """The skeleton each cell binds read-only as `/`: mount points, a few /etc files.
-
-    Only the declared runtime (/usr, plus /etc/alternatives and the loader cache that
-    programs under /usr need) is bound in; nothing else of the host is visible.
-    """
-    for d in ("usr", "etc", "dev", "dev/shm", "proc", "tmp", "workspace", "etc/alternatives",
-              *(e.lstrip("/") for e in etc_runtime_dirs())):
-        os.makedirs(os.path.join(root, d), mode=0o755, exist_ok=True)
-    for top in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
-        host = os.path.join(src, top)
-        target = os.path.join(root, top)
-        if os.path.islink(host):
-            if not os.path.lexists(target):
-                os.symlink(os.readlink(host), target)
-        elif os.path.isdir(host):
-            os.makedirs(target, exist_ok=True)
-    files = {
-        "etc/passwd": PASSWD, "etc/group": GROUP, "etc/hostname": "sandbox\n",
-        "etc/hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
-        "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
-        "etc/resolv.conf": "",
-    }
-    for rel, text in files.items():
-        with open(os.path.join(root, rel), "w") as f:
-            f.write(text)
-    for rel in ("etc/ld.so.cache", "etc/ld.so.conf"):
-        if os.path.isfile(os.path.join(src, rel)):
-            shutil.copyfile(os.path.join(src, rel), os.path.join(root, rel))
-    if not os.path.lexists(os.path.join(root, "etc/localtime")):
-        os.symlink("/usr/share/zoneinfo/Etc/UTC", os.path.join(root, "etc/localtime"))
-    for n in DEV_NODES:
-        open(os.path.join(root, "dev", n), "a").close()
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        p = os.path.join(root, "dev", name)
-        if not os.path.lexists(p):
-            os.symlink(target, p)
-    # Where Harbor-style tasks (trialbox.judge.harbor) look: /app is the session's
-    # workspace; /tests, /logs and /solution lie in its private /tmp.
-    for name, target in (("app", "/workspace"), ("tests", "/tmp/tests"),
-                         ("logs", "/tmp/logs"), ("solution", "/tmp/solution")):
-        p = os.path.join(root, name)
-        if not os.path.lexists(p):
-            os.symlink(target, p)
-    os.chmod(os.path.join(root, "tmp"), 0o1777)

@@ -1,5 +1,5 @@
 """The warm zygote: a fork server run as `/usr/bin/python3 -I zygote.py` (the sandbox's
-own interpreter, never the project's venv), started by `trialbox.sandbox.pool`.
+own interpreter, never the project's venv), started by `trialbox.sandbox.zygote_client`.
 
 This file is deliberately standalone: it imports nothing from trialbox and holds no
 secrets and none of the project's state (its environment is cleared, its only open fd
@@ -720,7 +720,7 @@ def candidate(status_w, chan, cg_fds, first):
 
 
 def decode_spec(raw):
-    """A go's spec (pool.encode_spec), after B's tag byte: the isolation part (uid,
+    """A go's spec (zygote_client.encode_spec), after B's tag byte: the isolation part (uid,
     rlimits, fd targets, cwd) and the program part's bytes (decode_program)."""
     uid, n = struct.unpack_from("<IB", raw, 1)
     at = 6
@@ -743,7 +743,7 @@ def decode_spec(raw):
 
 def decode_program(raw):
     """The program part of a spec: mode, path, argc, argv..., then `=` for the pool's
-    own environment or its KEY=VALUE items, NUL-separated (pool.encode_spec). One
+    own environment or its KEY=VALUE items, NUL-separated (zygote_client.encode_spec). One
     decode and no comprehension (each makes a function object): in a freshly forked
     candidate every object touched costs."""
     text = raw.decode("utf-8", "surrogatepass").split("\0")
@@ -902,7 +902,7 @@ def main():
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         sys.exit(1)
-    # Started as /dev/fd/N (pool._spawn_zygote): the file is read; the fd goes.
+    # Started as /dev/fd/N (zygote_client.Zygote.spawn): the file is read; the fd goes.
     if sys.argv[0].startswith("/dev/fd/"):
         try:
             os.close(int(sys.argv[0][len("/dev/fd/"):]))
