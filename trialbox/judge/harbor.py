@@ -162,20 +162,23 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
         # sys.path in its script) — then it runs the answer's code, the documented risk.
         env["PYTHONSAFEPATH"] = "1"
         env["PYTHONPATH"] = ":".join(p for p in ("/tests", env.get("PYTHONPATH", "")) if p)
+        env.update(_trusted_settings(dict(task.verifier_env), env))
         for where, data in (("/workspace", packed.stdout), ("/tmp/tests", _tar(task.tests))):
             r = await _untar(vb, where, data, env)
             if r.status is not ExecStatus.OK or r.exit_code != 0:
                 return done(_STATUS_OUTCOME.get(ran.status, _setup_outcome(r)),
                             f"the verifier's session could not be prepared ({where}): "
                             f"{_why(r)}", agent_status=ran.status.value)
-        links = await vb.exec(["python3", "-c", _LINK_SCAN],
+        links = await vb.exec(["python3", "-c", _LINK_SCAN], env=env,
                               limits=replace(vb.limits, wall_s=60, output_bytes=1 << 16))
         if links.status is not ExecStatus.OK or links.exit_code != 0:
             return done(_STATUS_OUTCOME.get(ran.status, _setup_outcome(links)),
                         f"/app's links could not be checked: {_why(links)}",
                         agent_status=ran.status.value)
-        if links.stdout.strip():
-            found = links.stdout.decode("utf-8", "replace").splitlines()
+        lines = links.stdout.decode("utf-8", "replace").splitlines()
+        found = [ln[2:] for ln in lines if ln.startswith("L ")]
+        tamed = [ln[2:] for ln in lines if ln.startswith("G ")]
+        if found:
             return done(Outcome.CHEAT, "/app holds links into the verifier's own files "
                         f"(/tests, /logs, /solution, /tmp or /proc): {'; '.join(found[:5])}",
                         reward=0.0, rewards={"reward": 0.0}, flags=("link-to-verifier",),
@@ -183,6 +186,9 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
         checked = await vb.exec(["bash", "-c", "mkdir -p /tmp/logs/verifier /tmp/logs/agent "
                                  "&& exec bash /tests/test.sh < /dev/null"], env=env)
         tail = (checked.stdout[-2000:] + checked.stderr[-2000:]).decode("utf-8", "replace")
+        if tamed:
+            tail = ("trialbox kept only plain settings of /app's git configuration: "
+                    + "; ".join(tamed[:5]) + "\n" + tail)
         status = dict(agent_status=ran.status.value, verifier_status=checked.status.value,
                       verifier_output=tail)
         if checked.status is ExecStatus.INFRA:
@@ -203,6 +209,88 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
                 reward=reward, rewards=rewards, **status)
 
 
+# Then, in the same run: every git directory the answer left under /app (any directory
+# holding HEAD, or objects and refs: a `.git`, a `--separate-git-dir`, a bare repository,
+# a worktree's common dir) gets its `config` and `config.worktree` rewritten to the
+# plain settings in GIT_KEEP. git reads a repository's own configuration with the same
+# trust as the user's: core.fsmonitor, diff.external, a textconv or filter driver,
+# core.pager, core.hooksPath, an include.path, aliases... run commands *as the verifier*
+# and others change what its git reports (status.showUntrackedFiles). Keeping a short
+# list of known-plain settings instead of refusing known-bad ones closes the class:
+# whatever git adds next is dropped too. The file is parsed by git itself (`--no-includes`,
+# no system or global configuration), and a file git cannot parse is emptied (git would
+# refuse it anyway). One line "G <path>: <dropped keys>" per rewritten file.
+GIT_KEEP = (r"core\.(repositoryformatversion|bare|filemode|logallrefupdates|ignorecase|"
+            r"precomposeunicode|symlinks)|extensions\.objectformat|"
+            r"remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)|user\.(name|email)")
+_GIT_TAMING = f"KEEP = {GIT_KEEP!r}\n" + r"""
+import re, shutil
+git = shutil.which("git", path="/usr/local/bin:/usr/bin:/bin")
+def quoted(v):
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") \
+        .replace("\t", "\\t") + '"'
+def tame(path):
+    r = subprocess.run([git, "config", "--file", path, "--no-includes", "--null", "--list"],
+                       capture_output=True, env={"HOME": HOME, "GIT_CONFIG_NOSYSTEM": "1",
+                                                 "PATH": "/usr/bin:/bin"})
+    items = []
+    if r.returncode == 0:
+        for item in r.stdout.split(b"\0"):
+            if item:
+                k, _, v = item.decode("utf-8", "surrogateescape").partition("\n")
+                items.append((k, v))
+    kept = [(k, v) for k, v in items if re.fullmatch(KEEP, k)]
+    dropped = sorted({k for k, _ in items} - {k for k, _ in kept})
+    if r.returncode == 0 and not dropped:
+        return
+    text = []
+    for k, v in kept:
+        section, _, rest = k.partition(".")
+        sub, _, name = rest.rpartition(".")
+        head = f"[{section} {quoted(sub)}]" if sub else f"[{section}]"
+        text.append(f"{head}\n\t{name} = {quoted(v)}\n")
+    tmp = path + ".trialbox-tmp"
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write("".join(text))
+    os.replace(tmp, path)
+    why = ", ".join(dropped[:8]) if r.returncode == 0 else "not a git configuration"
+    print("G " + json.dumps(path[len("/workspace"):]) + ": dropped " + why)
+for d in sorted(gitdirs) if git else ():
+    for name in ("config", "config.worktree"):
+        p = os.path.join(d, name)
+        if os.path.lexists(p) and not os.path.isdir(p):
+            tame(p)
+"""
+
+VERIFIER_HOME = "/tmp/verifier-home"
+"""The verifier's HOME: a directory of its own session, never /app."""
+
+
+def _trusted_settings(task_env: dict[str, str], env: dict[str, str]) -> dict[str, str]:
+    """What the verifier's tools read their per-user settings from, made the verifier's.
+
+    In the agent's session HOME is /app, so the answer can leave there anything a tool
+    reads from HOME: Python's user site (`.pth` files and usercustomize run in every
+    Python, pytest plugins load from it), `~/.local/bin/env` (sourced by uv-installing
+    test scripts), `~/.bash_profile` and `~/.profile` (login shells), `~/.gitconfig`,
+    `~/.npmrc`, `~/.config/...`. The verifier gets an empty HOME in its own /tmp and no
+    user site; a task that sets HOME or PYTHONNOUSERSITE in [verifier] env keeps its
+    choice (it then trusts the answer's files, as with PYTHONPATH=/app). git runs no
+    hooks (core.hooksPath, on the command line's level, beats the repository's) and no
+    fsmonitor; the repository's own configuration is rewritten by the scan (GIT_KEEP)."""
+    out = {"HOME": task_env.get("HOME", VERIFIER_HOME),
+           "PYTHONNOUSERSITE": task_env.get("PYTHONNOUSERSITE", "1")}
+    pairs = [("core.hooksPath", VERIFIER_HOME + "/no-hooks"), ("core.fsmonitor", "false")]
+    try:
+        n = int(env.get("GIT_CONFIG_COUNT", "0"))
+    except ValueError:
+        n = 0
+    for i, (k, v) in enumerate(pairs, n):
+        out[f"GIT_CONFIG_KEY_{i}"], out[f"GIT_CONFIG_VALUE_{i}"] = k, v
+    out["GIT_CONFIG_COUNT"] = str(n + len(pairs))
+    return out
+
+
 # Run in the verifier's session once /app and /tests are unpacked, before the verifier:
 # every symbolic link under /workspace is resolved the way the kernel would (link by
 # link, `..` after a link from where the link led), and one that leads, on the way or
@@ -210,8 +298,8 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
 # links lead wherever the reading process stands: /proc/self/cwd, /dev/fd) or to / is
 # printed. A link the answer planted can then never hand the verifier its own files
 # as the answer's, whichever path spells them. Iterative: no depth limit of Python's.
-_LINK_SCAN = r"""
-import json, os, stat, sys
+_LINK_SCAN = f"HOME = {VERIFIER_HOME!r}\n" + r"""
+import json, os, stat, subprocess, sys
 def bad(p, final):
     return (final and p == "/") or any(p == b or p.startswith(b + "/") for b in ("/tmp", "/proc"))
 def leads_astray(cur, target):
@@ -243,19 +331,26 @@ def leads_astray(cur, target):
         else:
             cur = nxt
     return bad(cur, True)
-found, stack = 0, ["/workspace"]
+os.makedirs(HOME + "/.config", exist_ok=True)
+found, stack, gitdirs = 0, ["/workspace"], set()
 while stack and found < 20:
     d = stack.pop()
     with os.scandir(d) as it:
-        for e in it:
-            if e.is_symlink():
-                t = os.readlink(e.path)
-                if leads_astray(d, t):
-                    print(json.dumps(e.path[len("/workspace"):]) + " -> " + json.dumps(t))
-                    found += 1
-            elif e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-"""
+        entries = list(it)
+    names = {e.name: e for e in entries}
+    if "HEAD" in names and ("commondir" in names or all(
+            n in names and names[n].is_dir() for n in ("objects", "refs"))):
+        gitdirs.add(d)  # what git itself takes for a git directory
+    for e in entries:
+        if e.is_symlink():
+            t = os.readlink(e.path)
+            if leads_astray(d, t):
+                print("L " + json.dumps(e.path[len("/workspace"):]) + " -> " + json.dumps(t))
+                found += 1
+        elif e.is_dir(follow_symlinks=False):
+            stack.append(e.path)
+""" + _GIT_TAMING
+
 
 
 def _setup_outcome(r: ExecResult) -> Outcome:
