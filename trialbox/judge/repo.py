@@ -62,8 +62,9 @@ from trialbox.judge.repo_tree import (
     expected_tests,
 )
 from trialbox.store.patches import TreeError
+from trialbox.judge.repo_snapshot import WorkspaceUnwritable, open_workspace, workspace_key
 from trialbox.judge.retry import Control, control_of, with_infra_retries
-from trialbox.sandbox.base import SandboxProvider
+from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.telemetry import traced_grade
 from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Outcome, Task, TaskKind, \
     TestResult
@@ -106,6 +107,11 @@ class RepoJudgeConfig:
     (docs/judge.md, what this guarantees and what tests it cannot run). "in-process":
     pytest imports the candidate's code in its own process — any test runs, but the
     candidate's code can forge the report (the residual risk in docs/judge.md)."""
+    snapshots: bool = True
+    """Start each attempt's sessions as forks of a snapshot of the task's starting tree,
+    writing only what the answer changed (repo_snapshot.py), where the tier has
+    snapshots (the namespace tier); other tiers always copy. False: write every file
+    into every session on any tier (the copying path, for comparison)."""
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -121,6 +127,9 @@ class RepoJudgeConfig:
                 or self.retries < 0:
             raise UsageError(f"RepoJudgeConfig.retries must be an int >= 0, got "
                              f"{self.retries!r}")
+        if not isinstance(self.snapshots, bool):
+            raise UsageError(f"RepoJudgeConfig.snapshots must be a bool, got "
+                             f"{self.snapshots!r}")
 
 
 def graded_modules(task: Task) -> list[str]:
@@ -266,30 +275,100 @@ def _ini() -> bytes:
             "console_output_style = classic\n").encode()
 
 
+# ------------------------------------------------------------------ the workspaces
+#
+# What each session of an attempt holds, as one mapping (workspace path -> bytes): the
+# copying path writes it all, the snapshot path (repo_snapshot.py) forks the same
+# mapping built from the task's starting tree and writes the difference.
+
+def _trusted_files(task: Task) -> dict[str, bytes]:
+    return {**dict(task.test_files), **dict(task.hidden_test_files),
+            **{p: d for p, d in task.files if posixpath.basename(p) == "conftest.py"}}
+
+
+def _tests_ws(files: Mapping[str, bytes], trusted: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The tests' sandbox (trusted tier): our runner, proxy and ini, and the tree with
+    the candidate's Python files as stubs — their modules are remote, and nothing there
+    (a test's subprocess, runpy) can run the candidate's code beside the tests."""
+    ws = {f"{JUDGE_DIR}/{name}": _program(source) for name, source in (
+        (RUNNER, "repo_plugin.py"), (PROXY, "repo_proxy.py"), (CODEC, "codec.py"))}
+    ws[f"{JUDGE_DIR}/pytest.ini"] = _ini()
+    for path, data in files.items():
+        code = path.endswith(".py") and path not in trusted
+        ws[f"{REPO_DIR}/{path}"] = _NOT_HERE if code else data
+    return ws
+
+
+def _candidate_ws(files: Mapping[str, bytes], hidden: set[str]) -> dict[str, bytes]:
+    """The candidate's sandbox (trusted tier): the stub serving its modules, and its
+    tree without the hidden tests (they never enter this sandbox)."""
+    ws = {f"{JUDGE_DIR}/{name}": _program(source)
+          for name, source in ((STUB, "repo_stub.py"), (CODEC, "codec.py"))}
+    ws.update((f"{REPO_DIR}/{p}", d) for p, d in files.items() if p not in hidden)
+    return ws
+
+
+def _inproc_ws(files: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The one sandbox of the in-process tier: our runner and ini, and the tree."""
+    ws = {f"{JUDGE_DIR}/{RUNNER}": _runner_program(), f"{JUDGE_DIR}/pytest.ini": _ini()}
+    ws.update((f"{REPO_DIR}/{p}", d) for p, d in files.items())
+    return ws
+
+
+@lru_cache(maxsize=32)  # bounded: a training run sees many tasks
+def _starting_ws(task: Task, side: str) -> tuple[dict[str, bytes], str] | None:
+    """`side`'s workspace for the task's starting tree (no answer applied) and its key:
+    what the snapshot path forks. None when the starting tree cannot be built (then
+    every attempt copies, and grades as it would)."""
+    try:
+        files = candidate_tree(task, files={}).files
+    except (TreeError, UsageError):
+        return None
+    if side == "tests":
+        ws = _tests_ws(files, _trusted_files(task))
+    elif side == "candidate":
+        ws = _candidate_ws(files, {p for p, _ in task.hidden_test_files})
+    else:
+        ws = _inproc_ws(files)
+    return ws, workspace_key(ws)
+
+
+async def _open(task: Task, side: str, ws: dict[str, bytes], pool: SandboxProvider,
+                limits: Limits, config: RepoJudgeConfig) -> Sandbox:
+    """A session holding `ws`: a fork of the task's starting workspace for `side` with
+    the difference written, or (no snapshots) every file written."""
+    start = _starting_ws(task, side) if config.snapshots else None
+    if start is None:
+        return await open_workspace(pool, limits, ws, snapshots=False)
+    return await open_workspace(pool, limits, ws, base=start[0], key=start[1])
+
+
+def _unwritable(task: Task, e: WorkspaceUnwritable, t0: float) -> Grade:
+    return Grade(task.task_id, Outcome.FAILED, tests=_not_run(task, "not run"),
+                 message=f"the tree could not be written: {e}"[:4000],
+                 wall_ms=round((time.monotonic() - t0) * 1e3, 3))
+
+
+# --------------------------------------------------------------------------- attempts
+
 async def _attempt(task: Task, tree: CandidateTree, pool: SandboxProvider,
                    config: RepoJudgeConfig) -> Grade:
     t0 = time.monotonic()
     nonce = secrets.token_hex(16)
     repo = f"{WORKSPACE}/{REPO_DIR}"
-    trusted = {**dict(task.test_files), **dict(task.hidden_test_files),
-               **{p: d for p, d in task.files if posixpath.basename(p) == "conftest.py"}}
+    trusted = _trusted_files(task)
     modules = graded_modules(task)
     job = {"nonce": nonce, "repo": repo,
            "trusted": {f"{repo}/{p}": hashlib.sha256(d).hexdigest()
                        for p, d in trusted.items() if p.endswith(".py")},
            "tests": [f"{repo}/{p}" for p in modules]}
-    sb = await pool.open(config.limits)
+    try:
+        sb = await _open(task, "in-process", _inproc_ws(tree.files), pool, config.limits,
+                         config)
+    except WorkspaceUnwritable as e:  # e.g. a tree larger than the workspace: its doing
+        return _unwritable(task, e, t0)
     ours, theirs = socket.socketpair()
     try:
-        await sb.write_file(f"{JUDGE_DIR}/{RUNNER}", _runner_program())
-        await sb.write_file(f"{JUDGE_DIR}/pytest.ini", _ini())
-        try:
-            for path, data in sorted(tree.files.items()):
-                await sb.write_file(f"{REPO_DIR}/{path}", data)
-        except UsageError as e:  # e.g. a tree larger than the workspace: its doing
-            return Grade(task.task_id, Outcome.FAILED, tests=_not_run(task, "not run"),
-                         message=f"the tree could not be written: {e}"[:4000],
-                         wall_ms=round((time.monotonic() - t0) * 1e3, 3))
         ours.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(ours, json.dumps(job).encode() + b"\n")
@@ -320,8 +399,7 @@ async def _attempt_trusted(task: Task, tree: CandidateTree, pool: SandboxProvide
     nonce = secrets.token_hex(16)
     repo = f"{WORKSPACE}/{REPO_DIR}"
     hidden = {p for p, _ in task.hidden_test_files}
-    trusted = {**dict(task.test_files), **dict(task.hidden_test_files),
-               **{p: d for p, d in task.files if posixpath.basename(p) == "conftest.py"}}
+    trusted = _trusted_files(task)
     modules = graded_modules(task)
     tops = sorted({p.split("/")[0].removesuffix(".py") for p in tree.files
                    if p.endswith(".py")})
@@ -332,34 +410,20 @@ async def _attempt_trusted(task: Task, tree: CandidateTree, pool: SandboxProvide
     lim = config.limits
     tests_limits = replace(lim, wall_s=lim.wall_s + _TRUSTED_EXTRA_S,
                            cpu_s=lim.cpu_s + _TRUSTED_EXTRA_S)
-    cand = await pool.open(lim)
     try:
-        sb = await pool.open(tests_limits)
-    except BaseException:
-        await cand.close()
-        raise
+        cand = await _open(task, "candidate", _candidate_ws(tree.files, hidden), pool, lim,
+                           config)
+        try:
+            sb = await _open(task, "tests", _tests_ws(tree.files, trusted), pool,
+                             tests_limits, config)
+        except BaseException:
+            await cand.close()
+            raise
+    except WorkspaceUnwritable as e:  # e.g. a tree larger than the workspace: its doing
+        return _unwritable(task, e, t0)
     ours, theirs = socket.socketpair()
     mine, cands = socket.socketpair()
     try:
-        for name, source in ((RUNNER, "repo_plugin.py"), (PROXY, "repo_proxy.py"),
-                             (CODEC, "codec.py")):
-            await sb.write_file(f"{JUDGE_DIR}/{name}", _program(source))
-        await sb.write_file(f"{JUDGE_DIR}/pytest.ini", _ini())
-        for name, source in ((STUB, "repo_stub.py"), (CODEC, "codec.py")):
-            await cand.write_file(f"{JUDGE_DIR}/{name}", _program(source))
-        try:
-            for path, data in sorted(tree.files.items()):
-                # The tests' sandbox gets the candidate's Python files as stubs: their
-                # modules are remote, and nothing there (a test's subprocess, runpy) can
-                # run the candidate's code beside the tests.
-                code = path.endswith(".py") and path not in trusted
-                await sb.write_file(f"{REPO_DIR}/{path}", _NOT_HERE if code else data)
-                if path not in hidden:  # hidden tests never enter the candidate's sandbox
-                    await cand.write_file(f"{REPO_DIR}/{path}", data)
-        except UsageError as e:  # e.g. a tree larger than the workspace: its doing
-            return Grade(task.task_id, Outcome.FAILED, tests=_not_run(task, "not run"),
-                         message=f"the tree could not be written: {e}"[:4000],
-                         wall_ms=round((time.monotonic() - t0) * 1e3, 3))
         ours.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(ours, json.dumps(job).encode() + b"\n")

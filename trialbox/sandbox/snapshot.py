@@ -357,12 +357,17 @@ def tree_changes(base: Mapping[str, bytes],
 async def apply_changes(sb: NamespaceSandbox, changes: Mapping[str, bytes | None],
                         under: str = "") -> int:
     """Write `changes` (tree_changes) into a session under the workspace directory
-    `under`; None removes the file. Only these files are written: on a fork of a
+    `under`; None removes the file, and a directory a removal leaves empty goes too (a
+    tree is its files: a copy of `tree` would not have it, and an empty directory still
+    imports as a namespace package). Only these files are written: on a fork of a
     checked-out tree, the rest is never copied. Returns the bytes written."""
     written = 0
+    emptied: set[tuple[str, ...]] = set()
     for path, data in sorted(changes.items()):
         full = f"{under}/{path}" if under else path
         if data is None:
+            rel = mounts._parts(path)
+            emptied.update(tuple(rel[:i]) for i in range(1, len(rel)))
             sb._check_open()
             parts = mounts._parts(full)
             try:
@@ -381,6 +386,20 @@ async def apply_changes(sb: NamespaceSandbox, changes: Mapping[str, bytes | None
         else:
             await sb.write_file(full, data)
             written += len(data)
+    for rel_dir in sorted(emptied, key=len, reverse=True):  # deepest first
+        parts = mounts._parts(under) if under else []
+        parts += list(rel_dir)
+        try:
+            dfd = mounts._open_dir_chain(sb.workspace, parts[:-1], False, sb.uid)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        try:
+            os.rmdir(parts[-1], dir_fd=dfd)
+        except OSError as e:  # still holds files (or is not there): it stays
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.ENOTDIR):
+                raise
+        finally:
+            os.close(dfd)
     return written
 
 
@@ -414,9 +433,11 @@ class TreeSnapshots:
         return h.hexdigest()
 
     async def snapshot(self, files: Mapping[str, bytes], under: str = "",
-                       limits: Limits | None = None) -> Snapshot:
-        """The snapshot of this tree (made at the first call)."""
-        key = self.key(files, under)
+                       limits: Limits | None = None, key: str | None = None) -> Snapshot:
+        """The snapshot of this tree (made at the first call). `key`: the tree's
+        `key(files, under)` when the caller already knows it (hashing a big tree at
+        every open would cost more than the fork)."""
+        key = key or self.key(files, under)
         async with self._making.setdefault(key, asyncio.Lock()):
             snap = self._snaps.pop(key, None)
             if snap is None:
@@ -433,10 +454,16 @@ class TreeSnapshots:
             return snap
 
     async def open(self, files: Mapping[str, bytes], under: str = "",
-                   limits: Limits | None = None) -> NamespaceSandbox:
+                   limits: Limits | None = None, key: str | None = None) -> NamespaceSandbox:
         """A new session holding this tree under `under` (a fork of its snapshot)."""
-        snap = await self.snapshot(files, under, limits)
-        return await snap.open(limits)
+        snap = await self.snapshot(files, under, limits, key)
+        # Our own references, taken before anything can await: a concurrent open of
+        # another tree may evict (close) `snap` while this fork is being made.
+        mine = Snapshot(snap.pool, [la.acquire() for la in snap.layers], snap.limits)
+        try:
+            return await mine.open(limits)
+        finally:
+            await mine.close()
 
     async def close(self) -> None:
         for snap in self._snaps.values():
