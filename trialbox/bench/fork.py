@@ -13,6 +13,16 @@ a checked-out repository with data), one session is filled, then:
              `chown -R` to the new session's uid, per copy (and + its first run)
 
 Goal (issue 17): fork p50 <= 10 ms per fork, flat in workspace size.
+
+`--judge 8,32` adds the repository judge's use of it: one repository task whose tree is
+`--judge-mb` MB (modules and data), N candidates' answers (each a different change of
+one module; half right) graded on the trusted tier, `--judge-concurrency` at a time,
+with the snapshot path (each attempt's two sessions fork the task's starting workspace
+and get the answer's changes; the first attempt makes the snapshots) and with the
+copying path (every file written into both sessions); per path the wall time of the N
+grades, the p50 of one grade, the time a session of an attempt takes to be ready
+(`ready`: what the snapshot path changes; the tests' run is the same on both), this
+process's CPU time, and whether the verdicts agree answer by answer.
 """
 
 from __future__ import annotations
@@ -42,6 +52,14 @@ def add_parser(bsub: Any) -> None:
                    help="snapshot + fork-8 rounds per size (4: 32 forks)")
     p.add_argument("--copies", type=int, default=3,
                    help="copies of the workspace per size for the baseline (3)")
+    p.add_argument("--judge", default="",
+                   help="also grade N answers of one repository task with the snapshot "
+                   "path and the copying path, for each N listed (e.g. 8,32); "
+                   "--sizes '' runs only this")
+    p.add_argument("--judge-mb", type=int, default=20,
+                   help="the repository task's tree size in MB for --judge (20)")
+    p.add_argument("--judge-concurrency", type=int, default=8,
+                   help="grades in flight at once for --judge (8)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--out", help="also write the JSON results to this file")
     p.set_defaults(handler=main)
@@ -153,17 +171,148 @@ async def bench(sizes: list[int], rounds: int, copies: int) -> dict[str, Any]:
             "goal_met": max(forks) <= GOAL_MS}
 
 
+# ------------------------------------------------------------ the repository judge
+
+def _repo_task(tree_mb: int) -> Any:
+    from trialbox.types import Task, TaskKind
+    files = [("calc/__init__.py", b""),
+             ("calc/ops.py", b"def add(a, b):\n    raise NotImplementedError\n")]
+    files += [(f"calc/gen/m{i:03d}.py", f"V{i} = {i}\n".encode() * 64) for i in range(300)]
+    files += [("calc/gen/__init__.py", b"")]
+    block = bytes(range(256)) * (MiB // 256)
+    files += [(f"data/blob{i:03d}.bin", block) for i in range(tree_mb)]
+    return Task("bench-repo", TaskKind.REPO, prompt="Implement calc.ops.add.",
+                files=tuple(files), test_files=(("tests/test_ops.py", (
+                    b"from calc.ops import add\n\n\ndef test_add():\n"
+                    b"    assert add(2, 3) == 5\n")),),
+                hidden_test_files=(("tests/test_hidden.py", (
+                    b"from calc.ops import add\n\n\ndef test_neg():\n"
+                    b"    assert add(-2, -3) == -5\n")),),
+                test_command=("pytest",))
+
+
+def _answers(n: int) -> list[dict[str, str]]:
+    """N different answers: even ones right, odd ones wrong (each its own source)."""
+    return [{"calc/ops.py": f"# candidate {i}\ndef add(a, b):\n    return a "
+             f"{'+' if i % 2 == 0 else '-'} b\n"} for i in range(n)]
+
+
+async def _grade_all(task: Any, answers: list[dict[str, str]], pool: CellPool, config: Any,
+                     gate: asyncio.Semaphore) -> tuple[list[str], list[float]]:
+    """Every answer's outcome, and each grade's wall time (ms)."""
+    from trialbox.judge import repo
+    times: list[float] = []
+
+    async def one(answer: dict[str, str]) -> str:
+        async with gate:
+            t = time.perf_counter()
+            g = await repo.judge_repo(task, answer, pool, config)
+            times.append((time.perf_counter() - t) * 1e3)
+            return g.outcome.value
+    return list(await asyncio.gather(*(one(a) for a in answers))), times
+
+
+class _Timed:
+    """Times the judge's `_open` (a session of an attempt made ready: a fork with the
+    answer's changes, or every file written) — the part the snapshot path changes; the
+    rest of a grade is the tests' run, the same on both paths."""
+
+    def __init__(self) -> None:
+        from trialbox.judge import repo
+        self.repo, self.inner = repo, repo._open
+        self.ms: list[float] = []
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        sb = await self.inner(*args, **kwargs)
+        self.ms.append((time.perf_counter() - t) * 1e3)
+        return sb
+
+    def __enter__(self) -> _Timed:
+        self.repo._open = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.repo._open = self.inner
+
+
+async def bench_judge(ns: list[int], tree_mb: int, concurrency: int) -> dict[str, Any]:
+    """Grade N answers with each path in turn (snapshot first, then copying, per N)."""
+    from trialbox.judge.function import judge_pool_config
+    from trialbox.judge.repo import RepoJudgeConfig
+    from trialbox.judge.repo_snapshot import release_trees, snapshots_for
+    task = _repo_task(tree_mb)
+    lim = Limits(wall_s=30, cpu_s=30, memory_mb=512, disk_mb=tree_mb + 32)
+    configs = {"snapshot": RepoJudgeConfig(limits=lim, retries=0),
+               "copy": RepoJudgeConfig(limits=lim, retries=0, snapshots=False)}
+    pool = await CellPool(judge_pool_config(warm=8)).start()
+    gate = asyncio.Semaphore(concurrency)
+    out: list[dict[str, Any]] = []
+    try:
+        for n in ns:
+            answers = _answers(n)
+            row: dict[str, Any] = {"n": n, "tree_mb": tree_mb}
+            verdicts: dict[str, list[str]] = {}
+            for path, config in configs.items():
+                await release_trees(pool)  # the snapshot path pays its first snapshot
+                t0, c0 = time.perf_counter(), time.process_time()
+                with _Timed() as opens:
+                    verdicts[path], times = await _grade_all(task, answers, pool, config,
+                                                             gate)
+                row[path] = {"total_s": round(time.perf_counter() - t0, 3),
+                             "cpu_s": round(time.process_time() - c0, 3),
+                             "grade": _stats(times), "session_ready": _stats(opens.ms)}
+                if path == "snapshot":
+                    trees = snapshots_for(pool)
+                    row[path]["forked_sessions"] = trees.forked if trees else 0
+            row["verdicts_equal"] = verdicts["snapshot"] == verdicts["copy"]
+            row["passed"] = verdicts["snapshot"].count("passed")
+            out.append(row)
+    finally:
+        await release_trees(pool)
+        await pool.close()
+    return {"judge": out}
+
+
+def _print_judge(res: dict[str, Any]) -> None:
+    print("repository judge: N answers of one task, snapshot path vs copying path "
+          "(trusted tier)")
+    print(f"  {'N':>4}{'tree':>7}{'path':>10}{'total s':>10}{'grade p50 ms':>14}"
+          f"{'ready p50 ms':>14}{'ready p95 ms':>14}{'cpu s':>8}  verdicts")
+    for r in res["judge"]:
+        for path in ("snapshot", "copy"):
+            x = r[path]
+            print(f"  {r['n']:>4}{str(r['tree_mb']) + ' MB':>7}{path:>10}"
+                  f"{x['total_s']:>10.2f}{x['grade']['p50_ms']:>14.1f}"
+                  f"{x['session_ready']['p50_ms']:>14.1f}"
+                  f"{x['session_ready']['p95_ms']:>14.1f}{x['cpu_s']:>8.2f}  "
+                  f"{'equal' if r['verdicts_equal'] else 'DIFFER'} ({r['passed']} passed)")
+
+
 def main(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
-    if not sizes or min(sizes) < 1 or args.rounds < 1 or args.copies < 1:
-        raise SystemExit("bench fork: --sizes must list sizes >= 1 MB; --rounds and "
-                         "--copies must be >= 1")
-    res = asyncio.run(bench(sizes, args.rounds, args.copies))
+    judge_ns = [int(s) for s in str(args.judge).split(",") if s.strip()]
+    if (not sizes and not judge_ns) or min(sizes or [1]) < 1 or args.rounds < 1 \
+            or args.copies < 1:
+        raise SystemExit("bench fork: --sizes must list sizes >= 1 MB (or be empty with "
+                         "--judge); --rounds and --copies must be >= 1")
+    if judge_ns and (min(judge_ns) < 1 or args.judge_mb < 0 or args.judge_concurrency < 1):
+        raise SystemExit("bench fork: --judge must list counts >= 1, --judge-mb >= 0 and "
+                         "--judge-concurrency >= 1")
+    res: dict[str, Any] = asyncio.run(bench(sizes, args.rounds, args.copies)) \
+        if sizes else {}
+    if judge_ns:
+        res.update(asyncio.run(bench_judge(judge_ns, args.judge_mb,
+                                           args.judge_concurrency)))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
     if args.json:
         print(json.dumps(res, indent=2))
+        return 0
+    if judge_ns:
+        _print_judge(res)
+    if not sizes:
         return 0
     print("snapshot + fork-8 vs copying the workspace (ms; p50 / p95)")
     print(f"  {'size':>7}{'snapshot':>16}{'fork':>16}{'fork cpu':>16}{'fork-8 total':>16}"
