@@ -41,6 +41,7 @@ from trialbox.judge.grade import grade
 from trialbox.judge.reward import RewardSpec, reward
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.rollout.policy import Generation, Policy
+from trialbox.rollout.prepare import GroupLeaser, Prepare, prepare_groups
 from trialbox.rollout.text import (
     default_prompt,
     exec_summary,
@@ -111,6 +112,14 @@ class AgentConfig:
     render_feedback: Callable[[str], str] | None = None
     """Feedback report → the text appended to the context (default: `wrap_feedback`);
     the report itself (`feedback_report`) never contains hidden tests."""
+    prepare: Prepare | None = None
+    """`async (task, session)`: set-up `rollout()` runs once per task in a session of
+    `prepare_limits` and snapshots; every episode of the task's group then starts from a
+    fork of it (rollout/prepare.py; a tier without snapshots runs it per episode)."""
+    prepare_limits: Limits = field(default_factory=lambda: Limits(
+        wall_s=120, cpu_s=120, memory_mb=1024, disk_mb=256, pids=64))
+    """The set-up session's limits (the episodes' forks get `exec_limits`; their
+    `disk_mb` bounds what each writes on top of the prepared state)."""
 
     def __post_init__(self) -> None:
         def positive_int(name: str) -> None:
@@ -139,6 +148,12 @@ class AgentConfig:
         if not all(isinstance(s, str) and s for s in self.stop):
             raise UsageError("AgentConfig.stop must be a tuple of non-empty strings")
         language(self.language)  # UnknownLanguage (a UsageError) lists the choices
+        if self.prepare is not None and not callable(self.prepare):
+            raise UsageError(f"AgentConfig.prepare must be an async function (task, "
+                             f"session) or None, got {type(self.prepare).__name__}")
+        if not isinstance(self.prepare_limits, Limits):
+            raise UsageError(f"AgentConfig.prepare_limits must be a trialbox.types.Limits, "
+                             f"got {type(self.prepare_limits).__name__}")
 
 
 # --------------------------------------------------------------------------- results
@@ -694,7 +709,8 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
 
     `pool`: the `SandboxProvider` sessions come from (default: the process's
     `CellPool`). `leaser`: who lends the episodes their sessions (default: a
-    `DirectLeaser` on `pool.open`, closed at the end). `grader`: the trusted judge
+    `DirectLeaser` on `pool.open`, closed at the end; with `AgentConfig.prepare`, forks
+    of each task's prepared snapshot). `grader`: the trusted judge
     (default: `judge.grade.grade` on `pool`). `max_turns` overrides the
     config's. `env_slots`: the environment slots (`async with` around each turn's run and
     grading), when they are shared with other rollouts running at the same time;
@@ -707,9 +723,32 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise UsageError(f"rollout: group_size must be an int >= 1, got {group_size!r}")
     check_tasks(tasks)
+    if cfg.prepare is not None and leaser is not None:
+        raise UsageError("rollout: AgentConfig.prepare makes the episodes' leaser (forks "
+                         "of each task's prepared snapshot); give prepare or a leaser, "
+                         "not both")
     if pool is None:
         from trialbox.sandbox import default_pool
         pool = await default_pool()
+    tag = uuid.uuid4().hex[:8]
+    groups = [f"{task.task_id}/{tag}/{i}" for i, task in enumerate(tasks)]
+    prepared: GroupLeaser | None = None
+    if cfg.prepare is not None:  # once per task: each group starts from its snapshot
+        prepared = await prepare_groups(pool, list(zip(groups, tasks, strict=True)),
+                                        cfg.prepare, cfg.prepare_limits)
+        leaser = prepared
+    try:
+        return await _rollout(policy, tasks, groups, group_size, cfg, pool, leaser,
+                              env_slots, grader)
+    finally:
+        if prepared is not None:
+            await prepared.close()
+
+
+async def _rollout(policy: Policy, tasks: Sequence[Task], groups: list[str],
+                   group_size: int, cfg: AgentConfig, pool: SandboxProvider,
+                   leaser: Leaser | None, env_slots: AbstractAsyncContextManager[Any] | None,
+                   grader: Grader | None) -> RolloutBatch:
     shared = env_slots
     episodes = Episodes(policy, cfg, pool, leaser=leaser, grader=grader,
                         env_slot=None if shared is None else (lambda episode: shared),
@@ -717,11 +756,10 @@ async def rollout(policy: Policy, tasks: Sequence[Task], *, group_size: int = 1,
     prompts = [episodes.prompt_ids(t) for t in tasks]
     stats = episodes.stats
     stats.episodes = len(tasks) * group_size
-    tag = uuid.uuid4().hex[:8]
     t0 = time.monotonic()
     async with episodes:
         results = await asyncio.gather(*(
-            episodes.run(task, f"{task.task_id}/{tag}/{i}/{j}", f"{task.task_id}/{tag}/{i}",
+            episodes.run(task, f"{groups[i]}/{j}", groups[i],
                          order=i * group_size + j, prompt_ids=prompts[i], joined=True)
             for i, task in enumerate(tasks) for j in range(group_size)),
             return_exceptions=True)
