@@ -12,11 +12,14 @@ Protocol (frames: 1 tag byte, u32 little-endian length, payload):
     supervisor -> server   R json(spec)     start a run (stdin follows as one I frame)
                            I bytes          the run's whole stdin
                            K                kill the run in flight (every process)
+                           N                a new attempt: kill everything, a fresh IPC
+                                            namespace, a fresh waiting child (recycling)
     server -> supervisor   H                hello: ready for runs
                            S                the program is about to exec
                            O bytes / E bytes   a chunk of its stdout / stderr
                            X json           the run is over: {"status": wait status} or
                                             {"error": text} (the machinery failed)
+                           N json           the N is done: {} or {"error": text}
 
 A run ends when its first process exits (or a K comes): then every other process in the
 sandbox is killed (`kill(-1, SIGKILL)` from process 1 spares only process 1), all are
@@ -115,10 +118,21 @@ def prepare(spec_r, out_w, err_w):
     os.closerange(SPEC_FD + 1, 1 << 16)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    drop_bounding()
     os.setgroups([])
     os.setgid(SANDBOX_UID)
     os.setuid(SANDBOX_UID)  # leaving root clears every capability
     load_seccomp()
+
+
+def drop_bounding():
+    """Take the server's own CAP_SYS_ADMIN (its new IPC namespace per attempt) and
+    CAP_SETPCAP out of the run's bounding set, when the server has them."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (21, 8):  # CAP_SYS_ADMIN, then CAP_SETPCAP (needed to drop the first)
+        if libc.prctl(23, cap, 0, 0, 0) == 1 and libc.prctl(24, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
 def place_fds(fds, targets):
@@ -269,6 +283,12 @@ class Waiting:
         for fd in (out_w, err_w):
             os.close(fd)
 
+    def discard(self):
+        """This child will get no run (a reset): EOF on its spec socket ends it."""
+        for fd in (self.out_r, self.err_r):
+            os.close(fd)
+        self.spec_w.close()
+
     def go(self, spec_bytes, stdin, fds):
         data = struct.pack("<I", len(spec_bytes)) + spec_bytes + stdin
         try:
@@ -298,6 +318,64 @@ def load_seccomp():
         prog = Prog(len(FILTER) // 8, FILTER)
         if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def new_ipc_namespace():
+    """Move this server (and so every child forked from now on) into a new IPC
+    namespace: SysV shared memory, semaphores, message queues and POSIX message queues
+    made by an earlier attempt are in the old one, which goes away with its last process
+    (killed already). Needs CAP_SYS_ADMIN, which only this server holds (a run drops
+    every capability). Returns "" or why it failed."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x08000000) != 0:  # CLONE_NEWIPC
+        return "unshare(CLONE_NEWIPC): " + os.strerror(ctypes.get_errno())
+    return ""
+
+
+EMPTIED = ("/workspace", "/tmp", "/dev/shm")
+
+
+def empty_files():
+    """Delete everything in the session's writable directories from inside the sandbox
+    (gVisor keeps host files open for what it has cached, so a delete from the host
+    alone would not give their space back), as the sandbox uid that owns them all, in
+    a child of this server; no run is alive. Returns "" or why it failed."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            import shutil
+            os.setgroups([])
+            os.setgid(SANDBOX_UID)
+            os.setuid(SANDBOX_UID)
+            for top in EMPTIED:
+                os.chmod(top, 0o700)
+                for here, dirs, _files in os.walk(top):
+                    for d in dirs:  # an attempt may have closed its directories
+                        p = os.path.join(here, d)
+                        if not os.path.islink(p):
+                            os.chmod(p, 0o700)
+                for name in os.listdir(top):
+                    p = os.path.join(top, name)
+                    if os.path.isdir(p) and not os.path.islink(p):
+                        shutil.rmtree(p)
+                    else:
+                        os.unlink(p)
+            code = 0
+        except BaseException as e:
+            try:
+                os.write(2, ("trialbox: emptying the session failed: %r\n" % (e,)).encode())
+            except OSError:
+                pass
+        os._exit(code)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    return "" if status == 0 else "emptying /workspace, /tmp, /dev/shm failed (%d)" % status
 
 
 def kill_all():
@@ -412,6 +490,12 @@ def main():
                 kill_all()
                 send(b"X", json.dumps({"error": "fork server: %s" % e}).encode())
             waiting = Waiting()  # the next run's child, forked while nobody waits
+        elif tag == b"N":  # the session is handed to a new attempt (oci.recycle)
+            waiting.discard()
+            kill_all()
+            err = new_ipc_namespace() or empty_files()
+            waiting = Waiting()
+            send(b"N", json.dumps({"error": err} if err else {}).encode())
         # K between runs: nothing to kill
 
 

@@ -87,7 +87,8 @@ class GVisorProvider(OciProvider):
         super().__init__(Engine("runsc", runsc,
                                 (f"--platform={platform}", "--network=none",
                                  "--ignore-cgroups"),
-                                userns=False, join_cgroup=True, ctl_fd=0), config)
+                                userns=False, join_cgroup=True, ctl_fd=0, recycle=True),
+                         config)
 
     def check(self) -> None:
         super().check()

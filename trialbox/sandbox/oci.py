@@ -71,6 +71,9 @@ STOP_GRACE_S = 3.0
 """How long the fork server has to confirm a kill before the container is destroyed."""
 DISK_SLACK = 64 * 1024
 MiB = 1 << 20
+LEND_GRACE_S = 2.0
+"""A recyclable session handed out counts toward `OciConfig.warm` (it is expected
+back) for this long; a session kept longer than that is replaced by a new warm one."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,12 @@ class Engine:
     hide_cgroup2: bool = False
     """Run the runtime in a mount namespace without the host's cgroup2 mount (crun
     refuses a hybrid v1 + empty v2 layout)."""
+    recycle: bool = False
+    """Hand a closed session's container to the next `open()` once it is reset (every
+    process killed, a fresh IPC namespace, the workspace, /tmp and /dev/shm emptied)
+    instead of destroying it: `OciProvider.recycle`. The fork server then holds
+    CAP_SYS_ADMIN (for the new IPC namespace) — under gVisor the Sentry's capability,
+    not the host's — and every run still drops all capabilities."""
 
     def argv(self, root: str, *args: str) -> list[str]:
         cmd = [self.binary, "--root", root, *self.flags, *args]
@@ -187,6 +196,8 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
             mnts.append({"destination": f"/dev/{n}", "type": "bind", "source": f"/dev/{n}",
                          "options": ["bind", "nosuid", "noexec"]})
     caps = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"]
+    if engine.recycle:  # the fork server's unshare(CLONE_NEWIPC) between attempts; a
+        caps += ["CAP_SYS_ADMIN", "CAP_SETPCAP"]  # run drops both from its bounding set
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if not limits.network:
         namespaces.append({"type": "network"})
@@ -457,6 +468,9 @@ class OciProvider:
         self._warming = 0
         self._changed = asyncio.Event()  # a warm-up finished (ready, or failed)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lent: dict[str, asyncio.TimerHandle] = {}
+        self.recycled = 0
+        """Sessions reset and kept warm for the next `open()` (Engine.recycle)."""
         self.closed = False
         self.started = False
         self.image_guard: ImageGuard | None = None
@@ -545,14 +559,99 @@ class OciProvider:
             await self._wait_for_warm()  # no second cold start beside one under way
         while warm_fits and self._ready:
             sb = self._ready.pop()
-            self._refill()
             if sb.container is not None and sb.container.alive:
-                sb.reshape(limits)
-                return sb
+                try:
+                    sb.reshape(limits)
+                except SandboxStartError as e:
+                    log.warning("a warm %s session could not be resized: %s", self.tier, e)
+                    sb.container.dead = True  # not kept: close() destroys it
+                else:
+                    self._lend(sb)
+                    self._refill()
+                    return sb
             await sb.close()
         sb = await self._new_session(limits)
+        self._lend(sb)
         self._refill()
         return sb
+
+    # -- recycling (Engine.recycle) ----------------------------------------------------
+    def _recyclable(self, limits: Limits) -> bool:
+        return self.engine.recycle and not limits.network and not limits.net_allow
+
+    def _lend(self, sb: OciSession) -> None:
+        """A recyclable session goes out: count it toward the warm target for
+        LEND_GRACE_S (it is expected back), so its return, not a cold start, refills."""
+        if self._recyclable(sb.limits):
+            self._lent[sb.sid] = self.loop.call_later(LEND_GRACE_S, self._lend_expired,
+                                                      sb.sid)
+
+    def _lend_expired(self, sid: str) -> None:
+        self._lent.pop(sid, None)
+        self._refill()
+
+    def returned(self, sid: str) -> None:
+        """A session handed out is closed (recycled or destroyed): stop counting it."""
+        handle = self._lent.pop(sid, None)
+        if handle is not None:
+            handle.cancel()
+        self._refill()
+
+    async def recycle(self, sb: OciSession, c: Container) -> OciSession | None:
+        """Reset the closed session `sb`'s container for the next attempt and keep it
+        warm: the fork server kills every process and moves to a new IPC namespace (so
+        SysV and POSIX IPC objects of the attempt are gone), then the workspace, /tmp
+        and /dev/shm are emptied on the host side. Returns the fresh session now among
+        the warm ones (a new object: `sb` stays closed), or None when the container is
+        not fit to keep (dead, network, a failed reset, the warm pool full): the caller
+        destroys it."""
+        if (not self._recyclable(sb.limits) or self.closed or not c.alive
+                or len(self._ready) >= self.config.warm):
+            return None
+        if not await self._reset(c):
+            return None
+        try:
+            await self.loop.run_in_executor(None, sb.wipe)
+        except OSError as e:
+            log.warning("could not empty a %s session's files for reuse: %s", self.tier, e)
+            return None
+        if self.closed or not c.alive or len(self._ready) >= self.config.warm:
+            return None
+        from trialbox.sandbox.ocisession import OciSession
+        fresh = OciSession(self, sb.sid, sb.limits)
+        fresh.container = c
+        self._ready.append(fresh)
+        self.recycled += 1
+        self._changed.set()
+        return fresh
+
+    async def _reset(self, c: Container) -> bool:
+        done: asyncio.Future[bytes] = self.loop.create_future()
+
+        def frame(tag: bytes, payload: bytes) -> None:
+            if tag == b"N" and not done.done():
+                done.set_result(payload)
+
+        def eof() -> None:
+            if not done.done():
+                done.set_exception(SandboxStartError("the fork server exited"))
+
+        c.on_frame, c.on_eof = frame, eof
+        try:
+            c.send((b"N", b""))
+            reply = json.loads(await asyncio.wait_for(done, STOP_GRACE_S))
+        except (OSError, SandboxStartError, TimeoutError, ValueError) as e:
+            log.warning("could not reset a %s session for reuse: %s", self.tier, e)
+            c.dead = True
+            return False
+        finally:
+            c.on_frame = c.on_eof = None
+        if reply.get("error"):
+            log.warning("could not reset a %s session for reuse: %s", self.tier,
+                        reply["error"])
+            c.dead = True
+            return False
+        return True
 
     async def _wait_for_warm(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout_s
@@ -578,7 +677,7 @@ class OciProvider:
     def _refill(self) -> None:
         if self.closed or not self.started:
             return
-        while len(self._ready) + self._warming < self.config.warm:
+        while len(self._ready) + self._warming + len(self._lent) < self.config.warm:
             self._warming += 1
             task = self.loop.create_task(self._warm_one())
             self._tasks.add(task)
@@ -614,6 +713,9 @@ class OciProvider:
         self.closed = True
         if self.image_guard is not None:
             self.image_guard.close()
+        for handle in self._lent.values():
+            handle.cancel()
+        self._lent.clear()
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -135,13 +136,50 @@ class OciSession:
         server (no candidate process survives a run). Nothing to hand back."""
 
     async def close(self) -> None:
+        """End the session. On a recycling tier (oci.Engine.recycle) a clean container
+        is reset and kept warm for the next `open()` (oci.OciProvider.recycle); else,
+        or when it is not fit to keep, it is destroyed with the session's files."""
         if self.closed:
             return
         await self.stop()
         async with self._lock:
+            if self.closed:
+                return
             self.closed = True
             c, self.container = self.container, None
-            await self.provider.loop.run_in_executor(None, self._teardown, c)
+            try:
+                if c is not None and await self.provider.recycle(self, c) is not None:
+                    return
+                await self.provider.loop.run_in_executor(None, self._teardown, c)
+            finally:
+                self.provider.returned(self.sid)
+
+    def wipe(self) -> None:
+        """After the fork server emptied them from inside (forkserver.empty_files): check
+        /workspace, /tmp and /dev/shm are empty (host side, links never followed; what
+        is left is deleted), give them back their first owner and mode, and check that
+        the tmpfs holds no space any more — what a recycled session's next attempt finds
+        is what a new session has. Every process of the sandbox is dead by now."""
+        for name in ("work", "tmp", "shm"):
+            path = os.path.join(self.fs, name)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                for entry in os.listdir(fd):
+                    st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        shutil.rmtree(entry, dir_fd=fd)
+                    else:
+                        os.unlink(entry, dir_fd=fd)
+                if os.listdir(fd):
+                    raise OSError(f"{path} is not empty after the wipe")
+                os.fchown(fd, self.uid, self.uid)
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
+        vfs = os.statvfs(self.fs)
+        held = (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
+        if held > DISK_SLACK:  # a file still open somewhere: the next attempt's disk
+            raise OSError(f"{held} bytes of the emptied workspace are still held")
 
     def _teardown(self, c: Container | None) -> None:
         if c is not None:
