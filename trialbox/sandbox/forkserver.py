@@ -12,8 +12,8 @@ Protocol (frames: 1 tag byte, u32 little-endian length, payload):
     supervisor -> server   R json(spec)     start a run (stdin follows as one I frame)
                            I bytes          the run's whole stdin
                            K                kill the run in flight (every process)
-                           N                a new attempt: kill everything, a fresh IPC
-                                            namespace, a fresh waiting child (recycling)
+                           N                a new attempt: empty /workspace, /tmp and
+                                            /dev/shm (recycling; no process is alive)
     server -> supervisor   H                hello: ready for runs
                            S                the program is about to exec
                            O bytes / E bytes   a chunk of its stdout / stderr
@@ -118,19 +118,29 @@ def prepare(spec_r, out_w, err_w):
     os.closerange(SPEC_FD + 1, 1 << 16)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
-    drop_bounding()
+    if RECYCLING:
+        new_ipc_namespace()
+        drop_bounding()
     os.setgroups([])
     os.setgid(SANDBOX_UID)
     os.setuid(SANDBOX_UID)  # leaving root clears every capability
     load_seccomp()
 
 
+SERVER_CAPS = (1, 3, 21, 8)
+"""CAP_DAC_OVERRIDE, CAP_FOWNER (emptying the session's files between attempts),
+CAP_SYS_ADMIN (a new IPC namespace per run), CAP_SETPCAP (needed to drop the others,
+so last): what the server holds on a recycling tier (oci.Engine.recycle) and a run
+never does."""
+RECYCLING = False
+"""Whether this server holds SERVER_CAPS (main)."""
+
+
 def drop_bounding():
-    """Take the server's own CAP_SYS_ADMIN (its new IPC namespace per attempt) and
-    CAP_SETPCAP out of the run's bounding set, when the server has them."""
+    """Take SERVER_CAPS out of the run's bounding set."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (21, 8):  # CAP_SYS_ADMIN, then CAP_SETPCAP (needed to drop the first)
+    for cap in SERVER_CAPS:
         if libc.prctl(23, cap, 0, 0, 0) == 1 and libc.prctl(24, cap, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
@@ -321,16 +331,13 @@ def load_seccomp():
 
 
 def new_ipc_namespace():
-    """Move this server (and so every child forked from now on) into a new IPC
-    namespace: SysV shared memory, semaphores, message queues and POSIX message queues
-    made by an earlier attempt are in the old one, which goes away with its last process
-    (killed already). Needs CAP_SYS_ADMIN, which only this server holds (a run drops
-    every capability). Returns "" or why it failed."""
+    """Move this process (a run's child, before it drops root) into an IPC namespace of
+    its own: SysV shared memory, semaphores, message queues and POSIX message queues of
+    a run are gone with its last process, never seen by the next run or attempt."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(0x08000000) != 0:  # CLONE_NEWIPC
-        return "unshare(CLONE_NEWIPC): " + os.strerror(ctypes.get_errno())
-    return ""
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWIPC)")
 
 
 EMPTIED = ("/workspace", "/tmp", "/dev/shm")
@@ -339,43 +346,26 @@ EMPTIED = ("/workspace", "/tmp", "/dev/shm")
 def empty_files():
     """Delete everything in the session's writable directories from inside the sandbox
     (gVisor keeps host files open for what it has cached, so a delete from the host
-    alone would not give their space back), as the sandbox uid that owns them all, in
-    a child of this server; no run is alive. Returns "" or why it failed."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            import shutil
-            os.setgroups([])
-            os.setgid(SANDBOX_UID)
-            os.setuid(SANDBOX_UID)
-            for top in EMPTIED:
-                os.chmod(top, 0o700)
-                for here, dirs, _files in os.walk(top):
-                    for d in dirs:  # an attempt may have closed its directories
-                        p = os.path.join(here, d)
-                        if not os.path.islink(p):
-                            os.chmod(p, 0o700)
-                for name in os.listdir(top):
-                    p = os.path.join(top, name)
-                    if os.path.isdir(p) and not os.path.islink(p):
-                        shutil.rmtree(p)
-                    else:
-                        os.unlink(p)
-            code = 0
-        except BaseException as e:
-            try:
-                os.write(2, ("trialbox: emptying the session failed: %r\n" % (e,)).encode())
-            except OSError:
-                pass
-        os._exit(code)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
-    return "" if status == 0 else "emptying /workspace, /tmp, /dev/shm failed (%d)" % status
+    alone would not give their space back). No run is alive: nothing can race this.
+    Returns "" or why it failed."""
+    import shutil
+    try:
+        for top in EMPTIED:
+            for name in os.listdir(top):
+                p = os.path.join(top, name)
+                if os.path.isdir(p) and not os.path.islink(p):
+                    shutil.rmtree(p)  # by fd, links never followed
+                else:
+                    os.unlink(p)
+    except OSError as e:
+        return "emptying %s failed: %s" % (top, e)
+    return ""
+
+
+def strays(waiting_pid):
+    """Processes alive besides this server and the waiting child (none between runs)."""
+    return [int(p) for p in os.listdir("/proc")
+            if p.isdigit() and int(p) not in (os.getpid(), waiting_pid)]
 
 
 def kill_all():
@@ -447,7 +437,7 @@ WAKE = (-1, -1)
 
 
 def main():
-    global FILTER, CTL, WAKE
+    global FILTER, CTL, WAKE, RECYCLING
     CTL = socket.socket(fileno=IN)
     WAKE = os.pipe()
     try:
@@ -455,7 +445,9 @@ def main():
             FILTER = f.read()
     except OSError:
         FILTER = None
-    import ctypes  # noqa: F401 - loaded once here, not in every child
+    import ctypes  # loaded once here, not in every child
+    libc = ctypes.CDLL(None, use_errno=True)
+    RECYCLING = all(libc.prctl(23, cap, 0, 0, 0) == 1 for cap in SERVER_CAPS)
     for fd in WAKE:
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(WAKE[1])
@@ -491,10 +483,12 @@ def main():
                 send(b"X", json.dumps({"error": "fork server: %s" % e}).encode())
             waiting = Waiting()  # the next run's child, forked while nobody waits
         elif tag == b"N":  # the session is handed to a new attempt (oci.recycle)
-            waiting.discard()
-            kill_all()
-            err = new_ipc_namespace() or empty_files()
-            waiting = Waiting()
+            if not RECYCLING:
+                err = "this server does not hold the capabilities to reset its session"
+            elif strays(waiting.pid):
+                err = "processes outlived the last run: %s" % strays(waiting.pid)
+            else:
+                err = empty_files()
             send(b"N", json.dumps({"error": err} if err else {}).encode())
         # K between runs: nothing to kill
 

@@ -102,11 +102,12 @@ class Engine:
     """Run the runtime in a mount namespace without the host's cgroup2 mount (crun
     refuses a hybrid v1 + empty v2 layout)."""
     recycle: bool = False
-    """Hand a closed session's container to the next `open()` once it is reset (every
-    process killed, a fresh IPC namespace, the workspace, /tmp and /dev/shm emptied)
-    instead of destroying it: `OciProvider.recycle`. The fork server then holds
-    CAP_SYS_ADMIN (for the new IPC namespace) — under gVisor the Sentry's capability,
-    not the host's — and every run still drops all capabilities."""
+    """Hand a closed session's container to the next `open()` once it is reset (no
+    process alive, the workspace, /tmp and /dev/shm emptied; each run has an IPC
+    namespace of its own) instead of destroying it: `OciProvider.recycle`. The fork
+    server then holds CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_SYS_ADMIN and CAP_SETPCAP (under
+    gVisor the Sentry's capabilities, not the host's); every run drops them all, from
+    its bounding set too."""
 
     def argv(self, root: str, *args: str) -> list[str]:
         cmd = [self.binary, "--root", root, *self.flags, *args]
@@ -196,8 +197,9 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
             mnts.append({"destination": f"/dev/{n}", "type": "bind", "source": f"/dev/{n}",
                          "options": ["bind", "nosuid", "noexec"]})
     caps = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"]
-    if engine.recycle:  # the fork server's unshare(CLONE_NEWIPC) between attempts; a
-        caps += ["CAP_SYS_ADMIN", "CAP_SETPCAP"]  # run drops both from its bounding set
+    if engine.recycle:  # the fork server's own (forkserver.SERVER_CAPS): a run's IPC
+        # namespace, emptying the files between attempts; every run drops them all
+        caps += ["CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN", "CAP_SETPCAP"]
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if not limits.network:
         namespaces.append({"type": "network"})
@@ -599,9 +601,11 @@ class OciProvider:
 
     async def recycle(self, sb: OciSession, c: Container) -> OciSession | None:
         """Reset the closed session `sb`'s container for the next attempt and keep it
-        warm: the fork server kills every process and moves to a new IPC namespace (so
-        SysV and POSIX IPC objects of the attempt are gone), then the workspace, /tmp
-        and /dev/shm are emptied on the host side. Returns the fresh session now among
+        warm: the fork server checks that no process is alive but itself and the next
+        run's waiting child (every run's processes are killed when it ends; each run
+        had an IPC namespace of its own, gone with them) and empties the workspace,
+        /tmp and /dev/shm from inside; the host side checks they are empty and hold no
+        space (OciSession.wipe). Returns the fresh session now among
         the warm ones (a new object: `sb` stays closed), or None when the container is
         not fit to keep (dead, network, a failed reset, the warm pool full): the caller
         destroys it."""
