@@ -25,6 +25,7 @@ from tests.judge.test_repo import (
 from trialbox.errors import UsageError
 from trialbox.judge.repo import judge_repo
 from trialbox.judge.repo_snapshot import release_trees, snapshots_for
+from trialbox.sandbox.snapshot import TreeSnapshots
 from trialbox.types import Grade, Outcome, Task, TaskKind
 
 COPY = replace(FAST, snapshots=False)
@@ -159,3 +160,46 @@ def test_release_and_bad_input(runner):
     runner.run(body())
     with pytest.raises(UsageError, match="snapshots must be a bool"):
         replace(FAST, snapshots="yes")
+
+
+def test_a_run_has_the_copying_paths_room_on_a_fork(runner):
+    """A fork's disk_mb counts only what it writes on top of the snapshot, so the judge
+    gives it disk_mb less the tree: a candidate writing 16 MiB at run time beside a
+    20 MiB tree overflows 32 MiB on both paths, one writing 6 MiB fits on both."""
+    big = replace(TASK, task_id="calc-data",
+                  files=TASK.files + (("data/blob.bin", b"\x07" * (20 << 20)),))
+    trees = snapshots_for(runner.pool)
+    assert trees is not None
+    for mb, outcome in ((16, Outcome.FAILED), (6, Outcome.PASSED)):
+        answer = {"calc/ops.py": (
+            f"with open('/workspace/repo/out.bin', 'wb') as f:\n"
+            f"    f.write(b'x' * ({mb} << 20))\n\n\n" + GOOD_OPS)}
+        forked = trees.forked
+        snap = runner.run(judge_repo(big, answer, runner.pool, FAST))
+        assert trees.forked > forked  # the snapshot path served it
+        copy = runner.run(judge_repo(big, answer, runner.pool, COPY))
+        assert copy.outcome is outcome, (mb, copy.message)
+        assert verdict(snap) == verdict(copy), mb
+
+
+def test_tree_snapshots_are_bounded_by_count_and_bytes(runner):
+    lim = FAST.limits
+
+    async def body() -> None:
+        trees = TreeSnapshots(runner.pool, max_trees=2, max_bytes=3 << 20)
+        try:
+            tree = [{"f": bytes([i]) * (2 << 20)} for i in range(3)]
+            # concurrently: a tree is evicted while another's fork is being opened
+            forks = await asyncio.gather(*(trees.open(t, limits=lim) for t in tree))
+            for t, sb in zip(tree, forks, strict=True):
+                async with sb:  # each fork holds its tree, evicted or not
+                    assert await sb.read_file("f") == t["f"]
+            assert trees.made == 3 and len(trees._snaps) == 1  # 2 MiB each, 3 MiB bound
+            fresh = TreeSnapshots(runner.pool, max_trees=2)
+            for t in tree:
+                await fresh.snapshot(t, limits=lim)
+            assert len(fresh._snaps) == 2
+            await fresh.close()
+        finally:
+            await trees.close()
+    runner.run(body())

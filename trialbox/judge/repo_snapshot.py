@@ -26,9 +26,9 @@ What it guarantees, and why verdicts are the copying path's (docs/judge.md):
   `HEADROOM` of the limit (where ENOSPC could decide the verdict) takes the copying
   path: so does a tree that does not fit at all, which is the candidate's failure
   either way.
-* **Bounded, released.** At most `MAX_TREES` snapshots per pool, least recently used
-  first out; `release_trees(pool)` drops them all (a pool that is collected takes
-  them with it).
+* **Bounded, released.** At most `MAX_TREES` snapshots per pool holding `MAX_BYTES`
+  (their files are memory), least recently used first out; `release_trees(pool)`
+  drops them all (a pool that is collected takes them with it).
 
 Tiers without snapshots (gVisor, containers, fakes, remote providers) take the copying
 path: a session per attempt, every file written (`RepoJudgeConfig.snapshots=False`
@@ -48,6 +48,8 @@ from trialbox.types import Limits
 MAX_TREES = 16
 """Snapshots kept per pool (a trusted attempt uses two per task: the tests' view and
 the candidate's)."""
+MAX_BYTES = 2 << 30
+"""Frozen bytes those snapshots may hold together (beyond the newest): they are memory."""
 HEADROOM = 1 << 20
 """Trees within this many bytes of `disk_mb` (pages counted) take the copying path."""
 PAGE = 4096
@@ -73,8 +75,9 @@ class RepoTrees:
     """A pool's snapshots of starting workspaces, and counts of how attempts were
     served (for tests and the bench)."""
 
-    def __init__(self, pool: SandboxProvider, max_trees: int = MAX_TREES):
-        self.trees = TreeSnapshots(pool, max_trees)  # type: ignore[arg-type]
+    def __init__(self, pool: SandboxProvider, max_trees: int = MAX_TREES,
+                 max_bytes: int = MAX_BYTES):
+        self.trees = TreeSnapshots(pool, max_trees, max_bytes)  # type: ignore[arg-type]
         self.forked = 0
         """Sessions opened as forks (the answer's changes written on top)."""
         self.copied = 0

@@ -413,12 +413,15 @@ class TreeSnapshots:
 
     The first `open` of a tree writes it into a session and snapshots it; later ones
     fork that snapshot (~1 ms, whatever the tree's size). `close()` releases them all
-    (open forks live on). At most `max_trees` are kept (least recently used first out)."""
+    (open forks live on). At most `max_trees` are kept, holding at most `max_bytes` of
+    frozen files (None: no bound) beyond the newest one (least recently used first out)."""
 
-    def __init__(self, pool: CellPool, max_trees: int = 16):
+    def __init__(self, pool: CellPool, max_trees: int = 16, max_bytes: int | None = None):
         if max_trees < 1:
             raise UsageError("TreeSnapshots: max_trees must be >= 1")
-        self.pool, self.max_trees = pool, max_trees
+        if max_bytes is not None and max_bytes < 1:
+            raise UsageError("TreeSnapshots: max_bytes must be None or >= 1")
+        self.pool, self.max_trees, self.max_bytes = pool, max_trees, max_bytes
         self._snaps: dict[str, Snapshot] = {}
         self._making: dict[str, asyncio.Lock] = {}
         self.made = 0
@@ -447,7 +450,9 @@ class TreeSnapshots:
                     snap = await sb.snapshot()
                 self.made += 1
             self._snaps[key] = snap  # most recently used last
-            while len(self._snaps) > self.max_trees:
+            while len(self._snaps) > self.max_trees or (
+                    self.max_bytes is not None and len(self._snaps) > 1 and
+                    sum(s.used_bytes for s in self._snaps.values()) > self.max_bytes):
                 old = next(iter(self._snaps))
                 await self._snaps.pop(old).close()
                 self._making.pop(old, None)
