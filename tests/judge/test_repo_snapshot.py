@@ -22,7 +22,7 @@ from tests.judge.test_repo import (
     hidden_from_scan,
     wrong_ops,
 )
-from trialbox.errors import UsageError
+from trialbox.errors import SandboxStartError, UsageError
 from trialbox.judge.repo import judge_repo
 from trialbox.judge.repo_snapshot import release_trees, snapshots_for
 from trialbox.sandbox.snapshot import TreeSnapshots
@@ -203,3 +203,27 @@ def test_tree_snapshots_are_bounded_by_count_and_bytes(runner):
         finally:
             await trees.close()
     runner.run(body())
+
+
+def test_snapshot_machinery_failing_means_copying_never_another_verdict(runner, monkeypatch):
+    """A kernel without overlay layers as fds fails every snapshot (SandboxStartError):
+    each attempt copies instead and grades as the copying path does; after MAX_FAILURES
+    in a row the path is off for the pool, saying why."""
+    async def refuse(self, *args, **kwargs):
+        raise SandboxStartError("fsconfig(lowerdir+) refused: EINVAL (injected)")
+
+    async def body() -> list[Grade]:
+        await release_trees(runner.pool)
+        monkeypatch.setattr(TreeSnapshots, "snapshot", refuse)
+        try:
+            return [await judge_repo(TASK, a, runner.pool, FAST)
+                    for a in (GOOD, wrong_ops(""), GOOD, GOOD)]
+        finally:
+            monkeypatch.undo()
+    grades = runner.run(body())
+    assert [g.outcome for g in grades] == [Outcome.PASSED, Outcome.FAILED,
+                                           Outcome.PASSED, Outcome.PASSED]
+    trees = snapshots_for(runner.pool)
+    assert trees is not None and trees.forked == 0
+    assert trees.off is not None and "injected" in trees.off, trees.off
+    runner.run(release_trees(runner.pool))  # the next grades have the path again

@@ -26,6 +26,9 @@ What it guarantees, and why verdicts are the copying path's (docs/judge.md):
   `HEADROOM` of the limit (where ENOSPC could decide the verdict) takes the copying
   path: so does a tree that does not fit at all, which is the candidate's failure
   either way.
+* **Never a verdict of its own making.** A snapshot or fork that fails (InfraError)
+  makes that attempt copy; `MAX_FAILURES` in a row turn the path off for the pool
+  (`RepoTrees.off` says why: e.g. a kernel without overlay layers given as fds).
 * **Bounded, released.** At most `MAX_TREES` snapshots per pool holding `MAX_BYTES`
   (their files are memory), least recently used first out; `release_trees(pool)`
   drops them all (a pool that is collected takes them with it).
@@ -40,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from trialbox.errors import UsageError
+from trialbox.errors import InfraError, UsageError
 from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.sandbox.snapshot import TreeSnapshots, apply_changes, tree_changes
 from trialbox.types import Limits
@@ -50,6 +53,9 @@ MAX_TREES = 16
 the candidate's)."""
 MAX_BYTES = 2 << 30
 """Frozen bytes those snapshots may hold together (beyond the newest): they are memory."""
+MAX_FAILURES = 3
+"""Snapshot machinery failing this many times in a row (e.g. a kernel without overlay
+layers given as fds: docs/snapshots.md) turns the snapshot path off for the pool."""
 HEADROOM = 1 << 20
 """Trees within this many bytes of `disk_mb` (pages counted) take the copying path."""
 PAGE = 4096
@@ -83,6 +89,10 @@ class RepoTrees:
         self.copied = 0
         """Sessions that took the copying path on this pool (near or past disk_mb)."""
         self._refused: set[str] = set()  # starting workspaces that do not fit a session
+        self.failures = 0
+        """Snapshot or fork failures in a row (each such attempt copied instead)."""
+        self.off: str | None = None
+        """Why the snapshot path is off for this pool (None: it is on)."""
 
     async def open(self, limits: Limits, base: Mapping[str, bytes], key: str,
                    files: Mapping[str, bytes]) -> Sandbox | None:
@@ -90,7 +100,7 @@ class RepoTrees:
         must serve this session (the caller copies)."""
         base_bytes = sum(_pages(len(d)) for d in base.values())
         room = limits.disk_bytes - HEADROOM
-        if key in self._refused or base_bytes > room \
+        if self.off is not None or key in self._refused or base_bytes > room \
                 or sum(_pages(len(d)) for d in files.values()) > room:
             return None
         changes = tree_changes(base, files)
@@ -102,11 +112,16 @@ class RepoTrees:
         if need + HEADROOM > fork_limits.disk_bytes:
             return None
         try:
-            snap = await self.trees.snapshot(base, "", limits, key)
+            sb = await self.trees.open(base, "", limits, key, fork_limits)
         except UsageError:  # the starting tree does not fit this session: copy instead
             self._refused.add(key)
             return None
-        sb = await snap.open(fork_limits)
+        except InfraError as e:  # the machinery, not the answer: this attempt copies
+            self.failures += 1
+            if self.failures >= MAX_FAILURES:
+                self.off = f"snapshots failed {self.failures} times in a row: {e}"
+            return None
+        self.failures = 0
         try:
             await apply_changes(sb, changes)
         except UsageError as e:

@@ -459,14 +459,17 @@ class TreeSnapshots:
             return snap
 
     async def open(self, files: Mapping[str, bytes], under: str = "",
-                   limits: Limits | None = None, key: str | None = None) -> NamespaceSandbox:
-        """A new session holding this tree under `under` (a fork of its snapshot)."""
+                   limits: Limits | None = None, key: str | None = None,
+                   fork_limits: Limits | None = None) -> NamespaceSandbox:
+        """A new session holding this tree under `under` (a fork of its snapshot, with
+        `fork_limits`, default `limits`; `limits` are those of the session the tree
+        is first written into)."""
         snap = await self.snapshot(files, under, limits, key)
         # Our own references, taken before anything can await: a concurrent open of
         # another tree may evict (close) `snap` while this fork is being made.
         mine = Snapshot(snap.pool, [la.acquire() for la in snap.layers], snap.limits)
         try:
-            return await mine.open(limits)
+            return await mine.open(fork_limits or limits)
         finally:
             await mine.close()
 
