@@ -54,6 +54,11 @@ class VersionMismatch(UsageError):
     """A node runs another Python, Ray or trialbox code than the driver."""
 
 
+class NodeStartFailed(UsageError):
+    """A live node's actor could not start (its pools, its workloads): the node is
+    misconfigured. A node that *died* while joining is not this: it is only skipped."""
+
+
 @dataclass
 class ClusterConfig:
     """How the driver joins the cluster and watches its nodes."""
@@ -132,6 +137,11 @@ class RayBackend:
         self.workloads: dict[str, Workload] = {}
         self.refused: dict[str, str] = {}
         """Nodes not admitted (version mismatch, bad offer), with the reason."""
+        self.failed: dict[str, str] = {}
+        """Live nodes whose actor failed to start or load a workload, with the error."""
+        self.died_joining: dict[str, str] = {}
+        """Nodes whose raylet died before their actor ran (e.g. removed just before this
+        driver started while Ray still listed them): skipped, never retried, no error."""
         self.close_reports: dict[str, dict[str, Any]] = {}
         """Each node's answer to `close` (runs, leaks) when it was drained or closed."""
         self._joining: set[str] = set()
@@ -166,25 +176,34 @@ class RayBackend:
             await self._poll()
             deadline = time.monotonic() + c.join_timeout_s
             while len(self.members) < c.min_nodes:
-                if self.refused and not self.members and not self._joining:
-                    raise VersionMismatch("; ".join(self.refused.values()))
+                if (self.refused or self.failed) and not self.members \
+                        and not self._joining:
+                    self._raise_refusals()
                 if time.monotonic() > deadline:
+                    bad = {**self.refused, **self.failed}
                     raise ClusterUnreachable(
                         f"{len(self.members)} trialbox node(s) joined the cluster at "
                         f"{c.address} within {c.join_timeout_s:g} s, {c.min_nodes} needed"
-                        + (f" (refused: {'; '.join(self.refused.values())})"
-                           if self.refused else "")
+                        + (f" (refused: {'; '.join(bad.values())})" if bad else "")
+                        + (f" ({len(self.died_joining)} died while joining)"
+                           if self.died_joining else "")
                         + f". Start nodes with --resources '{{\"{NODE}\": 1, \"{SLOTS}\": "
                         f"8, \"{TIER}namespace\": 1}}'")
                 await asyncio.sleep(c.poll_s)
                 await self._poll()
-            if self.refused:
-                raise VersionMismatch("; ".join(self.refused.values()))
+            self._raise_refusals()
         except BaseException:
             await self.close()
             raise
         self._monitor = asyncio.get_running_loop().create_task(self._watch())
         return self
+
+    def _raise_refusals(self) -> None:
+        if self.refused:
+            raise VersionMismatch("; ".join(self.refused.values()))
+        if self.failed:
+            raise NodeStartFailed("; ".join(self.failed.values()) + ". Run `trialbox "
+                                  "doctor` on that node: its tiers must work there")
 
     async def __aenter__(self) -> RayBackend:
         return await self.start()
@@ -270,7 +289,8 @@ class RayBackend:
             if res.get(NODE, 0) < 1:
                 continue
             if (nid in self.members or nid in self._joining or nid in self.placer.gone
-                    or nid in self.refused):
+                    or nid in self.refused or nid in self.failed
+                    or nid in self.died_joining):
                 continue
             self._joining.add(nid)
             joining.append(self._admit(nid, n.get("NodeManagerAddress", ""), res))
@@ -295,10 +315,20 @@ class RayBackend:
         remote: Any = ray.remote(Node)
         actor: Any = remote.options(**options).remote(config)
         try:
-            info = await actor.start.remote()
-        except RayError as e:
-            ray.kill(actor)
-            self.refused[nid] = f"node {nid} ({address}) failed to start: {e}"
+            info = await asyncio.wait_for(_await(actor.start.remote()),
+                                          self.config.join_timeout_s)
+        except (RayError, TimeoutError) as e:
+            _kill(actor)
+            if not await asyncio.to_thread(_alive, nid):
+                # Ray listed the raylet as alive, but it is gone (removed or crashed
+                # moments ago: the GCS only notices after its health checks fail).
+                self.died_joining[nid] = f"{type(e).__name__}"
+                log.warning("node %s (%s) died while joining; skipped", nid, address)
+                return
+            why = ("did not start within "
+                   f"{self.config.join_timeout_s:g} s" if isinstance(e, TimeoutError)
+                   else f"failed to start: {e}")
+            self.failed[nid] = f"node {nid} ({address}) {why}"
             return
         problem = self._mismatch(info)
         if problem:
@@ -312,8 +342,8 @@ class RayBackend:
                 await actor.load.remote(name, w)
             except RayError as e:
                 await _quietly(actor.close.remote())
-                ray.kill(actor)
-                self.refused[nid] = f"node {nid} could not load workload {name}: {e}"
+                _kill(actor)
+                self.failed[nid] = f"node {nid} could not load workload {name}: {e}"
                 return
             m.loaded.add(name)
         self.members[nid] = m
@@ -442,6 +472,18 @@ def _retrieve(fut: asyncio.Future[Any] | None) -> None:
 
 async def _await(ref: Any) -> Any:
     return await ref
+
+
+def _alive(nid: str) -> bool:
+    """Whether the GCS still lists the node as alive (blocking: `ray.nodes()`)."""
+    return any(n["NodeID"] == nid and n.get("Alive") for n in ray.nodes())
+
+
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor)
+    except RayError:
+        pass
 
 
 async def _quietly(ref: Any) -> None:

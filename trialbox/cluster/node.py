@@ -202,7 +202,8 @@ class Node:
         for p in self._pools:
             await p.close()
         self._pools.clear()
-        return {"runs": self.stats.runs, "leaks": await asyncio.to_thread(leaks_of, ids)}
+        return {"runs": self.stats.runs, "lease_ids": list(self.stats.lease_ids),
+                "leaks": await asyncio.to_thread(leaks_of, ids)}
 
 
 def leaks_of(pool_ids: list[str]) -> dict[str, list[str]]:
