@@ -53,11 +53,12 @@ def node_resources(slots: int, *tiers: str) -> dict[str, float]:
 # Ray's GCS learns that a raylet is gone only from its health checks: `remove_node`
 # kills the processes without telling it, so until the checks fail the removed node is
 # still listed alive (Ray's defaults: a check every 3 s, dead after 5 failures, ~15-18 s)
-# and the next test's backend would try to start an actor on it. Checking every 0.5 s,
+# and the next test's backend would try to start an actor on it. Checking every 0.2 s,
 # dead after 10 failures, a removed node (connection refused at once) is dead within
-# ~5 s; a live but slow raylet still needs 10 checks in a row to time out (10 s each,
-# Ray's default), i.e. to hang for ~100 s, twice Ray's own tolerance (5 x 10 s).
-HEALTH_CHECK = {"health_check_period_ms": 500, "health_check_failure_threshold": 10}
+# ~2 s; a live but slow raylet is still only declared dead after 10 checks in a row
+# time out (the checks are sequential, 10 s each by Ray's default): ~100 s without an
+# answer, twice Ray's own tolerance (5 x 10 s).
+HEALTH_CHECK = {"health_check_period_ms": 200, "health_check_failure_threshold": 10}
 
 
 def remove(cluster: Cluster, node: Any, allow_graceful: bool = True) -> None:
@@ -80,10 +81,12 @@ def wait_dead(node: Any) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # the head is node a too (one raylet fewer to start: ~10 s on two cores)
     c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK})
+        "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
+        "resources": node_resources(2, "fake")})
     c.trialbox_nodes = {  # type: ignore[attr-defined]
-        "a": c.add_node(num_cpus=1, resources=node_resources(2, "fake")),
+        "a": c.head_node,
         "b": c.add_node(num_cpus=1, resources=node_resources(2, "fake", "namespace")),
     }
     # Ray puts the driver's working directory first on its workers' sys.path; from
@@ -110,6 +113,7 @@ def config(cluster: Cluster, **kw: Any) -> ClusterConfig:
     kw.setdefault("poll_s", 0.2)
     kw.setdefault("heartbeat_s", 0.2)
     kw.setdefault("dead_after_s", 5.0)
+    kw.setdefault("warm", 2)  # warm cells per namespace pool (8 by default)
     return ClusterConfig(address=cluster.address, **kw)
 
 

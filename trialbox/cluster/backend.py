@@ -314,9 +314,13 @@ class RayBackend:
             options["runtime_env"] = self.config.node_runtime_env
         remote: Any = ray.remote(Node)
         actor: Any = remote.options(**options).remote(config)
+        # Versions first: a node running other software is refused before its pools
+        # start (nothing half-started on it).
         try:
-            info = await asyncio.wait_for(_await(actor.start.remote()),
-                                          self.config.join_timeout_s)
+            problem = self._mismatch(await asyncio.wait_for(
+                _await(actor.versions.remote()), self.config.join_timeout_s))
+            info = None if problem else await asyncio.wait_for(
+                _await(actor.start.remote()), self.config.join_timeout_s)
         except (RayError, TimeoutError) as e:
             _kill(actor)
             if not await asyncio.to_thread(_alive, nid):
@@ -330,10 +334,8 @@ class RayBackend:
                    else f"failed to start: {e}")
             self.failed[nid] = f"node {nid} ({address}) {why}"
             return
-        problem = self._mismatch(info)
-        if problem:
-            await _quietly(actor.close.remote())
-            ray.kill(actor)
+        if info is None:
+            _kill(actor)
             self.refused[nid] = f"node {nid} ({address}): {problem}"
             return
         m = _Member(config, actor, info, time.monotonic())
@@ -476,7 +478,8 @@ async def _await(ref: Any) -> Any:
 
 def _alive(nid: str) -> bool:
     """Whether the GCS still lists the node as alive (blocking: `ray.nodes()`)."""
-    return any(n["NodeID"] == nid and n.get("Alive") for n in ray.nodes())
+    nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    return any(n["NodeID"] == nid and n.get("Alive") for n in nodes)
 
 
 def _kill(actor: Any) -> None:

@@ -131,15 +131,18 @@ class Node:
                 self.providers[tier] = FakeProvider()
         return self.info()
 
-    def info(self) -> dict[str, Any]:
+    def versions(self) -> dict[str, Any]:
+        """What the driver compares with its own before anything starts here."""
         import importlib.metadata as md
         try:
             ray_version = md.version("ray")
         except md.PackageNotFoundError:
             ray_version = None
-        return {"node_id": self.config.node_id, "pid": os.getpid(),
-                "python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
-                "code": code_fingerprint(), "package": PACKAGE,
+        return {"python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
+                "code": code_fingerprint(), "package": PACKAGE}
+
+    def info(self) -> dict[str, Any]:
+        return {"node_id": self.config.node_id, "pid": os.getpid(), **self.versions(),
                 "tiers": list(self.config.tiers), "slots": self.config.slots,
                 "runtimes": {t: p.runtime for t, p in self.providers.items()},
                 "pools": [p.id for p in self._pools]}
