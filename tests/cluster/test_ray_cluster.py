@@ -322,6 +322,7 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
             assert nid(k) in be.lost and be.placer.stats.fenced >= 2
             # the node added mid-run received work without a restart
             assert any(x["node"] == nid(joined[0]) for x in answers.values())
+        assert "error" in be.close_reports.pop(nid(k))  # dead: nothing to close there
         for node, rep in be.close_reports.items():
             assert rep["leaks"] == {"cgroups": [], "state": [], "processes": []}, node
     asyncio.run(body())

@@ -176,9 +176,8 @@ class RayBackend:
             await self._poll()
             deadline = time.monotonic() + c.join_timeout_s
             while len(self.members) < c.min_nodes:
-                if (self.refused or self.failed) and not self.members \
-                        and not self._joining:
-                    self._raise_refusals()
+                if (self.refused or self.failed) and not self._joining:
+                    self._raise_refusals()  # too few nodes, and we know why
                 if time.monotonic() > deadline:
                     bad = {**self.refused, **self.failed}
                     raise ClusterUnreachable(
@@ -219,12 +218,8 @@ class RayBackend:
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
-        await asyncio.gather(*(self._close_member(nid) for nid in list(self.members)))
-        for actor in self.lost.values():
-            try:
-                ray.kill(actor)
-            except RayError:
-                pass
+        await asyncio.gather(*(self._close_member(nid) for nid in list(self.members)),
+                             *(self._close_lost(nid, a) for nid, a in self.lost.items()))
         if self._owns_ray:
             ray.shutdown()
 
@@ -388,6 +383,16 @@ class RayBackend:
             self.close_reports[nid] = {"error": str(e)}
         ray.kill(m.actor)
         self.placer.remove_drained(nid)
+
+    async def _close_lost(self, nid: str, actor: Any) -> None:
+        """A lost node that answers again (it was only cut off) closes its pools; one
+        that does not within a few seconds is killed as it is."""
+        try:
+            self.close_reports[nid] = await asyncio.wait_for(_await(actor.close.remote()),
+                                                             timeout=5)
+        except (RayError, TimeoutError) as e:
+            self.close_reports[nid] = {"error": f"lost: {type(e).__name__}"}
+        _kill(actor)
 
     async def drain(self, node_id: str, timeout: float = 300.0) -> dict[str, Any]:
         """Place no new work on the node, wait for what runs there, close it (sessions,
