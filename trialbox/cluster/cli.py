@@ -28,6 +28,25 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                    "trialbox_tier_<name> resource)")
 
 
+def add_cluster_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--backend/--address for a command that has its own --tier (serve, train)."""
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help=f"local: this machine (default); ray: {what} on the nodes of a Ray "
+                   "cluster offering --tier (pip install trialbox[ray]; docs/cluster.md)")
+    p.add_argument("--address", default="auto", metavar="auto|HOST:PORT",
+                   help="--backend ray: the cluster's head (default auto: the cluster "
+                   "`ray start` made on this machine)")
+
+
+def cluster_config(args: argparse.Namespace) -> Any:
+    """The ClusterConfig of --backend ray (None for local); Ray is needed only then."""
+    if getattr(args, "backend", "local") != "ray":
+        return None
+    _ray_or_explain()
+    from trialbox.cluster.backend import ClusterConfig
+    return ClusterConfig(address=args.address)
+
+
 def _ray_or_explain() -> None:
     try:
         import ray  # noqa: F401

@@ -318,3 +318,27 @@ class FakeWorkload:
 
     async def close(self) -> None:
         self._node = None
+
+
+@dataclass
+class JudgeWorkload:
+    """Grades one answer with the trusted judge on the node's pool of `tier` (what
+    `trialbox serve --backend ray` places for /v1/submissions). The payload is
+    `(task, answer, language)`; the answer a `Grade`."""
+
+    tier: str = "namespace"
+    _provider: SandboxProvider | None = None
+
+    async def start(self, node: NodeContext) -> None:
+        self._provider = node.providers.get(self.tier)
+        if self._provider is None:
+            raise UsageError(f"node {node.config.node_id} does not offer tier {self.tier!r}")
+
+    async def run(self, payload: Any, session: dict[str, Any] | None) -> Grade:
+        from trialbox.judge.grade import grade
+        assert self._provider is not None
+        task, answer, language = payload
+        return await grade(task, answer, self._provider, language=language)
+
+    async def close(self) -> None:
+        self._provider = None

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -44,15 +45,17 @@ REAP_EVERY_S = 5.0
 
 
 def create_app(config: ServiceConfig | None = None,
-               provider: SandboxProvider | None = None) -> FastAPI:
+               provider: SandboxProvider | None = None, grader: Any = None) -> FastAPI:
     """The app for one server process. Every sandbox comes from one `SandboxProvider`:
     `provider` when given (the caller starts and closes it), else the lifespan starts
     the provider of `config.tier` — the namespace tier's CellPool by default (with the
     judge's helper modules preloaded, so runs and grading share it) — and closes it.
     The lifespan also starts the scheduler every sandbox-using request goes through,
-    and on shutdown closes every open session."""
+    and on shutdown closes every open session. `grader` (started and closed by the
+    caller): submissions are graded there instead (`--backend ray`, cluster/serving.py)."""
     config = config or ServiceConfig()
     state = ServiceState.create(config)
+    state.grader = grader
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
 import sys
 from typing import Any
@@ -62,6 +63,8 @@ def add_parser(sub: Any) -> None:
                    help="the scheduler's journal: every sandbox-using request is a task "
                    "in it (trialbox tasks status RUN --db DB); default: a temporary file "
                    "deleted at shutdown")
+    from trialbox.cluster.cli import add_cluster_arguments
+    add_cluster_arguments(p, "submissions graded")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
@@ -92,7 +95,24 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(config: ServiceConfig, log_level: str = "warning") -> None:
+async def serve(config: ServiceConfig, log_level: str = "warning",
+                cluster: Any = None) -> None:
+    """`cluster` (a `ClusterConfig`, --backend ray): submissions are graded on its
+    nodes; joined before the port is bound, so a bad address starts nothing."""
+    grader = None
+    if cluster is not None:
+        from trialbox.cluster.serving import ClusterGrader
+        grader = await ClusterGrader.start(cluster, config.tier)
+        print(f"trialbox serve: grading on {grader.status()['nodes']} Ray node(s) at "
+              f"{cluster.address} (tier {config.tier})", flush=True)
+    try:
+        await _serve(config, log_level, grader)
+    finally:
+        if grader is not None:
+            await grader.close()
+
+
+async def _serve(config: ServiceConfig, log_level: str, grader: Any) -> None:
     # Imported here: `trialbox --help` must not pay for FastAPI, uvicorn and the judge.
     import uvicorn
 
@@ -103,7 +123,8 @@ async def serve(config: ServiceConfig, log_level: str = "warning") -> None:
     setup_logging("DEBUG" if log_level == "trace" else log_level.upper())
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(config), log_level=log_level,
+    server = uvicorn.Server(uvicorn.Config(create_app(config, grader=grader),
+                                           log_level=log_level,
                                            timeout_graceful_shutdown=10,
                                            timeout_keep_alive=30))
 
@@ -123,11 +144,17 @@ async def serve(config: ServiceConfig, log_level: str = "warning") -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trialbox.cluster.cli import cluster_config
     config = config_from_args(args)
+    cluster = cluster_config(args)  # --backend ray: checked before anything starts
     try:
-        asyncio.run(serve(config, args.log_level))
+        asyncio.run(serve(config, args.log_level, cluster))
     except SystemExit as e:  # uvicorn's exit when the app could not start
         if e.code in (0, None):
+            return 0
+        if cluster is not None and e.code == signal.SIGTERM:
+            # ray.init's SIGTERM handler (sys.exit(15)), run when uvicorn re-raises the
+            # signal after its graceful shutdown: the cluster grader is closed by now
             return 0
         raise InfraError("the server did not start: its lifespan failed (the sandbox "
                          "pool could not be started; the error is logged above)") from None

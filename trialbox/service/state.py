@@ -182,6 +182,9 @@ class ServiceState:
     (`/readyz`)."""
     open_paths: list[str] = field(default_factory=list)
     """Path prefixes served without the bearer token (besides /healthz, /readyz)."""
+    grader: Any = None
+    """Where submissions are graded when not on `provider`: `--backend ray`'s
+    `cluster.serving.ClusterGrader` (`grade(task, answer, language)`, `status()`)."""
 
     @classmethod
     def create(cls, config: ServiceConfig) -> ServiceState:

@@ -323,7 +323,10 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
 
     async def work(ticket: Ticket) -> dict[str, Any]:
         await ticket.ctx.grading()
-        grade = await judge(task, sub.completion, provider, language=sub.language)
+        if state.grader is not None:  # --backend ray: judged on a cluster node
+            grade = await state.grader.grade(task, sub.completion, sub.language)
+        else:
+            grade = await judge(task, sub.completion, provider, language=sub.language)
         row = grade_row(sid, task, grade, sub.language)
         await ticket.ctx.record_grade(row)
         ticket.reward = row["reward"]  # None (excluded): the task ends FAILED
@@ -414,6 +417,8 @@ async def status(request: Request) -> dict[str, Any]:
                           "journal": a.journal.path if a.journal else None},
             "pool": {"tier": provider.tier if provider else None,
                      "warm_cells": getattr(provider, "ready_count", 0)},
+            "grading": (state.grader.status() if state.grader is not None
+                        else {"backend": "local"}),
             "sessions": len(state.sessions),
             "submissions": len(state.submissions),
             "counters": {"requests": c.requests,
