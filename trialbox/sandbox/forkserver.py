@@ -436,6 +436,25 @@ WAKE = (-1, -1)
 """SIGCHLD's wakeup pipe (main)."""
 
 
+def preload_sources():
+    """Import the provider's helper modules (OciConfig.preload_sources, listed in
+    /.tb/preload.json) once, as the namespace tier's zygote does (zygote.prewarm)."""
+    import types
+    try:
+        with open("/.tb/preload.json") as f:
+            sources = json.load(f)
+    except OSError:
+        return
+    for name, source in sources:
+        module = types.ModuleType(name)
+        module.__file__ = "<%s>" % name
+        sys.modules[name] = module
+        try:
+            exec(compile(source, module.__file__, "exec"), module.__dict__)
+        except Exception:
+            del sys.modules[name]
+
+
 def main():
     global FILTER, CTL, WAKE, RECYCLING
     CTL = socket.socket(fileno=IN)
@@ -460,6 +479,7 @@ def main():
             __import__(name)
         except ImportError:
             pass
+    preload_sources()
     gc.freeze()  # keep the collector off the preloaded heap, shared with each child
     waiting = Waiting()
     send(b"H")
