@@ -346,6 +346,9 @@ class Task:
     Mixed into a run to measure how often the policy games the judge."""
     risk: Risk = Risk.ROUTINE
     """Which isolation tier its candidates run in, through `sandbox.tiers.TierPolicy`."""
+    net_allow: tuple[str, ...] = ()
+    """Addresses its candidates' sandboxes may reach (`Limits.net_allow`: 'ADDR[/PREFIX]:
+    PORT', e.g. a package mirror); empty: no network, the default."""
     image: str = ""
     """The environment it must run in: `name@sha256:<content hash or a prefix>` of a built
     image (docs/images.md), or "" for any. A sandbox on another environment refuses it."""

@@ -37,6 +37,7 @@ from functools import cache
 from typing import Any, Protocol, TypeVar
 
 from trialbox.errors import SandboxUnavailable, UsageError
+from trialbox.judge.provider import candidate_limits
 from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra_retries
 from trialbox.judge.anticheat import (
     BOUNDARY_DETECTORS,
@@ -387,7 +388,7 @@ async def _attempt(task: Task, completion: str, pool: SandboxProvider, config: J
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     job = _job(task, config, reference)
     job["seed"] = seed = secrets.randbits(63) if seed is None else seed
-    cand = await pool.open(config.candidate_limits)
+    cand = await pool.open(candidate_limits(config.candidate_limits, task))
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
     report: dict[str, Any] | None = None

@@ -21,16 +21,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.function import judge_pool_config
 from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.tiers import TierPolicy, TierRouter
-from trialbox.types import Risk
+from trialbox.types import Limits, Risk, Task
 
 TIERS = ("namespace", "gvisor", "container")
 """The tiers a judging run can use."""
 
 
 def _factories(warm: int, image: str) -> dict[str, Callable[[], Any]]:
+    from trialbox.judge.function import judge_pool_config  # function.py imports this module
+
     def namespace() -> Any:
         from trialbox.sandbox.pool import CellPool
         return CellPool(judge_pool_config(warm=warm, image=image))
@@ -75,3 +76,9 @@ async def judge_provider(tier: str = "namespace", *, warm: int = 8,
         yield router.provider_for(Risk.ROUTINE)
     finally:
         await router.close()
+
+
+def candidate_limits(limits: Limits, task: Task) -> Limits:
+    """The limits a candidate's sandbox for `task` opens with: `limits` plus the task's
+    allow-list (`Task.net_allow`, from its task file); the trusted side never gets it."""
+    return limits.with_(net_allow=task.net_allow) if task.net_allow else limits

@@ -32,6 +32,7 @@ from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_scan
+from trialbox.judge.provider import candidate_limits
 from trialbox.judge.retry import Control, control_of, with_infra_retries
 from trialbox.sandbox import languages
 from trialbox.sandbox.languages import Language, compile_limits_for
@@ -198,6 +199,7 @@ async def _attempt(task: Task, source: str, spec: Language, pool: SandboxProvide
     t0 = time.monotonic()
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     runs: list[ExecResult] = []
+    config = replace(config, limits=candidate_limits(config.limits, task))  # its runs too
     cand = await pool.open(config.limits)
     checker = _Checker(task, pool, config.checker_limits)
     try:

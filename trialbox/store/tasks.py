@@ -53,6 +53,12 @@ how dangerous its candidates are taken to be, which picks their isolation tier
 
 which every row takes; a row may raise its own risk above the set's, never lower it.
 
+Any row may declare `"net_allow": ["ADDR[/PREFIX]:PORT", ...]` (default none): the
+addresses its candidates' sandboxes may reach (`Limits.net_allow`, enforced outside the
+sandbox on every tier; everything else refused and counted), e.g. a package mirror. The
+task set line may declare one for every row (`{"task_set": {"risk": "untrusted",
+"net_allow": ["10.0.0.5:3141"]}}`); a row may narrow it, never widen it.
+
 Every problem with the input is a `UsageError` that names the file, the line and the
 field to fix. Nothing is downloaded: HumanEval ships inside the installed wheel.
 """
@@ -69,20 +75,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trialbox.errors import UsageError
+from trialbox.errors import LimitsError, UsageError
 from trialbox.store.checks import split_check
 from trialbox.store.patches import TreeError, apply_patch, clean_path
-from trialbox.types import Compare, Risk, Task, TaskKind, TestCase
+from trialbox.types import Compare, Limits, Risk, Task, TaskKind, TestCase
 
 HUMANEVAL = "humaneval"
 """The spec `load_tasks` reads as the bundled HumanEval set."""
 
 _STDIO_KEYS = {"task_id", "kind", "prompt", "tests", "compare", "float_tol", "checker",
-               "canonical_solution", "canary", "risk", "image"}
+               "canonical_solution", "canary", "risk", "image", "net_allow"}
 _STDIO_TEST_KEYS = {"stdin", "expected", "hidden"}
 _REPO_KEYS = {"task_id", "kind", "prompt", "files", "test_files", "hidden_test_files",
-              "test_command", "canonical_solution", "canary", "risk", "image"}
-_TASK_SET_KEYS = {"risk"}
+              "test_command", "canonical_solution", "canary", "risk", "image", "net_allow"}
+_TASK_SET_KEYS = {"risk", "net_allow"}
 _MAX_TREE_BYTES = 64 << 20
 
 
@@ -192,6 +198,7 @@ def parse_jsonl(raw: bytes, name: str, source: str, base: Path) -> list[Task]:
     tasks: list[Task] = []
     first_line: dict[str, int] = {}
     set_risk: Risk | None = None
+    set_net: tuple[str, ...] | None = None
     for lineno, line in enumerate(raw.split(b"\n"), start=1):
         where = f"{name}:{lineno}"
         try:
@@ -204,9 +211,10 @@ def parse_jsonl(raw: bytes, name: str, source: str, base: Path) -> list[Task]:
         if '"task_set"' in text:
             header = _task_set(text, where, first=not first_line and set_risk is None)
             if header is not None:
-                set_risk = header
+                set_risk, set_net = header
                 continue
-        task = parse_task(text, where, source, base, set_risk=set_risk)
+        task = parse_task(text, where, source, base, set_risk=set_risk,
+                          set_net_allow=set_net)
         if task.task_id in first_line:
             raise UsageError(f"{where}: field 'task_id': {task.task_id!r} already appears on "
                              f"line {first_line[task.task_id]}; task_ids must be unique")
@@ -252,8 +260,10 @@ def _gunzip(raw: bytes, name: str) -> bytes:
                          f"decompressed ({e}); recompress it or give it uncompressed") from None
 
 
-def _task_set(text: str, where: str, first: bool) -> Risk | None:
-    """A `{"task_set": {...}}` header line's risk, or None when the line is a task."""
+def _task_set(text: str, where: str, first: bool
+              ) -> tuple[Risk, tuple[str, ...] | None] | None:
+    """A `{"task_set": {...}}` header line's risk and allow-list (None: not declared), or
+    None when the line is a task."""
     try:
         row = json.loads(text)
     except json.JSONDecodeError:
@@ -271,7 +281,34 @@ def _task_set(text: str, where: str, first: bool) -> Risk | None:
     if unknown:
         raise UsageError(f"{where}: unknown field {unknown[0]!r} in 'task_set'; allowed: "
                          f"{', '.join(sorted(_TASK_SET_KEYS))}")
-    return _risk_value(head.get("risk", Risk.ROUTINE.value), f"{where}: task_set")
+    net = (_net_allow_value(head["net_allow"], f"{where}: task_set")
+           if "net_allow" in head else None)
+    return _risk_value(head.get("risk", Risk.ROUTINE.value), f"{where}: task_set"), net
+
+
+def _net_allow_value(value: object, where: str) -> tuple[str, ...]:
+    form = "a list of 'ADDR[/PREFIX]:PORT' strings, e.g. [\"10.0.0.5:3141\"]"
+    if not isinstance(value, list):
+        raise UsageError(f"{where}: field 'net_allow' must be {form}, got "
+                         f"{_json_type(value)}")
+    try:
+        return Limits(net_allow=tuple(value)).net_allow  # Limits' own checks
+    except LimitsError as e:
+        raise UsageError(f"{where}: field 'net_allow': {e}") from None
+
+
+def _net_allow(row: dict[str, Any], where: str, set_net: tuple[str, ...] | None
+               ) -> tuple[str, ...]:
+    if "net_allow" not in row:
+        return set_net or ()
+    own = _net_allow_value(row["net_allow"], where)
+    wider = [e for e in own if set_net is not None and e not in set_net]
+    if wider:
+        raise UsageError(f"{where}: field 'net_allow': {wider[0]!r} is not in its task "
+                         f"set's allow-list ({', '.join(set_net or ()) or 'empty'}); a task "
+                         "may narrow the set's allow-list, never widen it: drop the entry "
+                         "or add it to the task_set line")
+    return own
 
 
 def _risk_value(value: object, where: str) -> Risk:
@@ -296,7 +333,8 @@ def _risk(row: dict[str, Any], where: str, set_risk: Risk | None) -> Risk:
 
 
 def parse_task(text: str | dict[str, Any], where: str = "task", source: str = "inline",
-               base: Path = Path("."), set_risk: Risk | None = None) -> Task:
+               base: Path = Path("."), set_risk: Risk | None = None,
+               set_net_allow: tuple[str, ...] | None = None) -> Task:
     """One task from a JSONL row (its text, or the decoded object), validated like a
     task file's rows: a `UsageError` that starts with `where` and names the field.
     `base` is where a repo row's relative file paths are read from.
@@ -329,7 +367,9 @@ def parse_task(text: str | dict[str, Any], where: str = "task", source: str = "i
         task = None
     if task is not None:
         risk = _risk(row, where, set_risk)
-        return task if risk is task.risk else replace(task, risk=risk)
+        net = _net_allow(row, where, set_net_allow)
+        return replace(task, risk=risk, net_allow=net) if (
+            risk is not task.risk or net) else task
     raise UsageError(f"{where}: field 'kind': unknown kind {kind!r}; use 'function', "
                      "'stdio' or 'repo'")
 
