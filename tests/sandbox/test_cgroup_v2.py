@@ -2,8 +2,9 @@
 controllers, so the tests below boot user-mode-linux — a real Linux 6.1 kernel, the
 Debian 12 line, as an ordinary process (scripts/uml-pytest.sh) — with cgroup v2's cpu,
 io, memory and pids controllers, and run the cgroup driver's checks and the hostile
-battery's containment cases inside it on the C hot path, default time limits x10 (the
-guest's syscalls cost ~70x these). What runs there and what does not yet: docs/sandbox.md
+battery's containment cases, every status (test_statuses.py) and the session suite
+(test_session.py) inside it on the C hot path, time limits x10 (the guest's syscalls cost
+~70x these). What runs there and what does not yet: docs/sandbox.md
 "cgroup v2"."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SELECTION = ["tests/sandbox/test_cgroup_limits.py", "tests/sandbox/test_smoke.py",
              "tests/sandbox/test_seccomp.py", "tests/sandbox/test_hostile.py",
+             "tests/sandbox/test_statuses.py", "tests/sandbox/test_session.py",
              "-k", "native and not resource_attack and not fork_bomb_hits"]
 """The hostile battery's resource attacks and exact pids count assert host-speed time
 bounds; test_cgroup_limits.py holds the same attacks with bounds fit for the guest."""

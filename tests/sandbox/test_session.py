@@ -13,7 +13,13 @@ import time
 
 import pytest
 
-from tests.sandbox.conftest import CANDIDATE_STATUSES, describe, limits, no_leaks
+from tests.sandbox.conftest import (
+    CANDIDATE_STATUSES,
+    TIME_SCALE,
+    describe,
+    limits,
+    no_leaks,
+)
 from trialbox.errors import UsageError
 from trialbox.sandbox import NamespaceSandbox, run_code
 from trialbox.types import ExecStatus
@@ -107,11 +113,14 @@ def test_status_and_measures_are_per_run_not_per_session(runner):
     """One session, several runs: an OOM kill, CPU use or memory peak of an earlier run
     must not colour a later run's status or numbers."""
     hog = "b = []\nwhile True:\n    b.append(b'x' * 10**7)"
+    # times x TIME_SCALE on a slow kernel (the UML guest, where the hog's page faults
+    # alone pass a second of CPU)
     spin = ("import time\nt = time.process_time()\n"
-            "while time.process_time() - t < 0.7:\n    pass")
+            f"while time.process_time() - t < {0.7 * TIME_SCALE}:\n    pass")
 
     async def body():
-        async with await _open(runner, memory_mb=64, cpu_s=1, wall_s=3) as sb:
+        async with await _open(runner, memory_mb=64, cpu_s=1 * TIME_SCALE,
+                               wall_s=10 * TIME_SCALE) as sb:  # wall: not the subject
             r1 = await run_code(sb, hog)
             r2 = await run_code(sb, "import sys; sys.exit(3)")
             r3 = await run_code(sb, "print('small')")
@@ -127,8 +136,8 @@ def test_status_and_measures_are_per_run_not_per_session(runner):
     # 0.7 s each: two together pass cpu_s=1, neither alone does
     assert r4.status is ExecStatus.OK, describe(r4)
     assert r5.status is ExecStatus.OK, describe(r5)
-    assert 600 <= r5.cpu_ms < 1000, r5.cpu_ms
-    assert r6.cpu_ms < 300, r6.cpu_ms
+    assert 600 * TIME_SCALE <= r5.cpu_ms < 1000 * TIME_SCALE, r5.cpu_ms
+    assert r6.cpu_ms < 300 * TIME_SCALE, r6.cpu_ms
     no_leaks(runner)
 
 
@@ -143,7 +152,10 @@ def test_session_keeps_working_after_every_kind_of_kill(runner):
     ]
 
     async def body():
-        async with await _open(runner, wall_s=1, cpu_s=0.5, memory_mb=64) as sb:
+        # the time limits scale with a slow kernel's speed (the UML guest): four execs of
+        # bash, cat, ls and grep take ~0.5 s of CPU there
+        async with await _open(runner, wall_s=1 * TIME_SCALE, cpu_s=0.5 * TIME_SCALE,
+                               memory_mb=64) as sb:
             await sb.write_file("kept.txt", b"still here")
             out = []
             for code, _ in steps:
@@ -382,27 +394,43 @@ def test_write_file_over_disk_limit_is_usage_error(runner):
 
 
 def test_concurrent_sessions_keep_results_apart(runner):
-    """8 runs over 4 sessions at once: each result belongs to its own session and run."""
+    """8 runs over 4 sessions at once: each result belongs to its own session and run;
+    runs of one session queue, runs of different sessions overlap. (Overlap is read from
+    the runs' own clock readings, not from a wall bound, so it holds on a slow kernel.)"""
+    nap = 0.2 * TIME_SCALE
+
     async def one(sb, i, j):
-        return i, j, await _sh(sb, f"cat id; echo run{j}; echo {i}{j} >> log; sleep 0.2")
+        return i, j, await _sh(sb, f"cat id; echo run{j}; echo {i}{j} >> log; "
+                                   f"date +%s%N; sleep {nap}; date +%s%N")
 
     async def body():
         sbs = [await _open(runner) for _ in range(4)]
         try:
             for i, sb in enumerate(sbs):
                 await sb.write_file("id", f"session{i}\n".encode())
-            t = time.monotonic()
             results = await asyncio.gather(*(one(sb, i, j) for i, sb in enumerate(sbs)
                                              for j in range(2)))
-            elapsed = time.monotonic() - t
+            spans = {}
             for i, j, r in results:
                 assert r.status is ExecStatus.OK, describe(r)
-                assert r.stdout == f"session{i}\nrun{j}\n".encode(), (i, j, r.stdout)
+                who, run, start, end = r.stdout.decode().split()
+                assert (who, run) == (f"session{i}", f"run{j}"), (i, j, r.stdout)
+                spans[i, j] = (int(start), int(end))
             for i, sb in enumerate(sbs):
                 log = (await sb.read_file("log")).split()
                 assert sorted(log) == [f"{i}0".encode(), f"{i}1".encode()]
-            # runs of one session queue; different sessions overlap (serial would be 1.6s)
-            assert elapsed < 1.4, elapsed
+            # runs of one session queue: its two runs never overlap
+            for i in range(4):
+                (a0, a1), (b0, b1) = spans[i, 0], spans[i, 1]
+                assert a1 <= b0 or b1 <= a0, (i, spans)
+            # different sessions run at once: some moment sees two or more runs going
+            ticks = sorted([(s, 1) for s, _ in spans.values()] +
+                           [(e, -1) for _, e in spans.values()])
+            going = most = 0
+            for _, step in ticks:
+                going += step
+                most = max(most, going)
+            assert most >= 2, spans
         finally:
             for sb in sbs:
                 await sb.close()
@@ -418,7 +446,8 @@ def test_concurrent_sessions_with_different_outcomes(runner):
             ("import sys; print('three'); sys.exit(3)", ExecStatus.EXIT),
             ("print('fine')", ExecStatus.OK),
         ]
-        sbs = [await _open(runner, wall_s=1.5, memory_mb=64) for _ in cases]
+        # a 64 MiB bomb takes 2-4 s to allocate in the UML guest: scale the wall
+        sbs = [await _open(runner, wall_s=1.5 * TIME_SCALE, memory_mb=64) for _ in cases]
         try:
             results = await asyncio.gather(*(run_code(sb, code)
                                              for sb, (code, _) in zip(sbs, cases, strict=True)))
@@ -493,6 +522,30 @@ def test_a_first_run_gets_every_passed_fd_and_its_workspace(runner):
     assert r.status is ExecStatus.OK and r.stdout == b"here\n", describe(r)
     assert got == {t: b"%d" % t for t in targets}
     runner.assert_no_leaks()
+
+
+def test_close_while_a_run_waits_for_its_cell(runner):
+    """A close that comes while a run is still being set up (its cell starting: seconds
+    on a slow kernel or a loaded host) stops it before it starts: close does not wait
+    for the whole run. (Found in the UML guest: close waited out a 30 s `sleep`.)"""
+    async def body():
+        sb = await NamespaceSandbox.open(runner.pool, limits(wall_s=30))
+        real = sb._cell
+
+        async def slow_cell():
+            await asyncio.sleep(1.0)
+            return await real()
+        sb._cell = slow_cell
+        task = asyncio.ensure_future(sb.exec(["sleep", "30"]))
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        await sb.close()
+        r = await task
+        return r, time.monotonic() - t0
+    r, took = runner.run(body())
+    assert r.status is ExecStatus.SIGNAL and "stopped by the caller" in r.message, describe(r)
+    assert took < 5, took
+    no_leaks(runner)
 
 
 def test_close_stops_a_run_in_flight(runner):

@@ -75,6 +75,7 @@ class NamespaceSandbox:
         self.closed = False
         self._lock = asyncio.Lock()
         self._current: Run | None = None
+        self._stop_pending = False  # stop() came while a run was being set up
         self.gate: Gate | None = None
         """The cell's allow-listed way out (network.py), with `Limits.net_allow` only."""
         self._refused = 0  # refused network attempts counted by gates already closed
@@ -153,6 +154,10 @@ class NamespaceSandbox:
         status `signal` and the message "stopped by the caller". The session stays open."""
         if self._current is not None:
             self._current.kill(ExecStatus.SIGNAL, "stopped by the caller")
+        elif self._lock.locked():
+            # A run is being set up (waiting for a cell: seconds on a slow kernel or a
+            # loaded host): it must not start, or close() would wait for all of it.
+            self._stop_pending = True
 
     async def close(self) -> None:
         """End the session. A run in flight is stopped first (its `exec` returns with
@@ -275,11 +280,19 @@ class NamespaceSandbox:
         passed = [pass_fds[t] for t in targets] if pass_fds else []
         async with self._lock:
             self._check_open()
+            self._stop_pending = False  # a stop() before this run began was not for it
             for _attempt in range(2):
                 try:
                     cell = await self._cell()
                 except (SandboxStartError, ZygoteDied, OSError) as e:
                     return self._infra(f"no sandbox could be started: {e}")
+                if self._stop_pending:  # stopped while it waited for its cell: not run
+                    self._stop_pending = False
+                    for fd in passed:
+                        close_quietly(fd)
+                    return ExecResult(status=ExecStatus.SIGNAL, message="stopped by the "
+                                      "caller (before the program started)",
+                                      runtime=self.pool.runtime.id, tier=self.tier)
                 run = Run(self, cell, spec, bytes(stdin), limits, passed, last)
                 self._current = run
                 try:
