@@ -445,6 +445,47 @@ def test_serve_grades_submissions_on_the_cluster(cluster: Cluster) -> None:
     assert ray.available_resources().get("trialbox_node", 0) == free == 2
 
 
+def test_train_judges_its_episodes_on_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
+    """`trialbox train --backend ray`: a tiny run (SFT, one GRPO step, pass@1 before and
+    after) whose every judging is placed on the cluster's namespace node."""
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(f"""
+[run]
+out_dir = "{tmp_path / 'run'}"
+seed = 1
+[model]
+n_layer = 1
+n_embd = 32
+n_head = 2
+[sft]
+steps = 2
+batch_size = 4
+[grpo]
+steps = 1
+tasks_per_step = 2
+group_size = 2
+micro_batch = 2
+[rollout]
+max_turns = 1
+max_new_tokens = 8
+env_workers = 2
+[eval]
+tasks = 2
+""")
+    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(cfg),
+                        "--backend", "ray", "--address", cluster.address], cwd=ROOT,
+                       capture_output=True, text=True, timeout=280,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    events = {e["event"]: e for e in map(json.loads, p.stdout.splitlines())
+              if e.get("event") in ("cluster", "done")}
+    assert events["done"]["steps"] == 1
+    grading = events["cluster"]
+    # pass@1 before and after (2 tasks each) and one step's 2 x 2 episodes: 8 gradings
+    assert grading["backend"] == "ray" and grading["placed"] == 8, grading
+    assert grading["nodes_lost"] == 0
+
+
 # ---------------------------------------------------------------------- HumanEval
 def test_humaneval_through_ray_same_verdicts_as_local(cluster: Cluster,
                                                       tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from typing import Any
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,25 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t.add_argument("--device", default=None, help="override [run] device (cpu, cuda)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in out_dir ([run] resume = true)")
+    from trialbox.cluster.cli import add_cluster_arguments
+    add_cluster_arguments(t, "every episode's trusted grading (namespace tier)")
+
+
+async def _train_on_cluster(config: Any, cluster: Any, say: Any) -> Any:
+    """`--backend ray`: the judge of every episode (and of the pass@1 evaluations) on
+    cluster nodes; the policy, the trainer and the episodes' own sandboxes stay here."""
+    from trialbox.cluster.serving import ClusterGrader
+    from trialbox.train.trainer import agent_config, train
+    grader = await ClusterGrader.start(cluster, "namespace")
+    language = agent_config(config).language
+    try:
+        result = await train(config, progress=say,
+                             grader=lambda task, completion: grader.grade(
+                                 task, completion, language))
+        say("cluster", grader.status())  # where the gradings went: nodes, placed, lost
+        return result
+    finally:
+        await grader.close()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,7 +74,12 @@ def main(args: argparse.Namespace) -> int:
     def say(event: str, record: dict[str, object]) -> None:
         print(json.dumps({"event": event, **record}, default=str), flush=True)
 
-    result = asyncio.run(train(config, progress=say))
+    from trialbox.cluster.cli import cluster_config
+    cluster = cluster_config(args)  # --backend ray: joined before anything is written
+    if cluster is None:
+        result = asyncio.run(train(config, progress=say))
+    else:
+        result = asyncio.run(_train_on_cluster(config, cluster, say))
     print(json.dumps({"event": "done", "out_dir": result.out_dir,
                       "steps": result.steps_done, "pass_before": result.pass_before,
                       "pass_after": result.pass_after, "stopped": result.stopped}))

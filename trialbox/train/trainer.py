@@ -40,7 +40,7 @@ import torch
 from trialbox import telemetry
 from trialbox.errors import UsageError
 from trialbox.judge.reward import RewardSpec
-from trialbox.rollout.agent import AgentConfig, RolloutBatch, rollout
+from trialbox.rollout.agent import AgentConfig, Grader, RolloutBatch, rollout
 from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.openai_policy import OpenAIConfig, OpenAIPolicy
 from trialbox.rollout.policy import ByteTokenizer, Policy
@@ -143,11 +143,11 @@ def agent_config(config: TrainConfig, *, max_turns: int | None = None,
 
 
 async def evaluate_pass1(policy: Policy, config: TrainConfig, pool: CellPool,
-                         tasks: EvalTasks) -> dict[str, Any]:
+                         tasks: EvalTasks, grader: Grader | None = None) -> dict[str, Any]:
     """pass@1 on `tasks`: one single-turn sample per task, graded by the judge, with its
     95% Wilson interval. Excluded (infra) episodes leave the denominator and are
     counted; `passed_ids` (the tasks passed) lets two evaluations be paired."""
-    batch = await rollout(policy, tasks.tasks, group_size=1, pool=pool,
+    batch = await rollout(policy, tasks.tasks, group_size=1, pool=pool, grader=grader,
                           config=agent_config(config, max_turns=1,
                                               temperature=config.eval.temperature))
     graded = batch.stats.episodes - batch.stats.excluded
@@ -352,8 +352,10 @@ def make_update(config: TrainConfig, model: Any, opt: torch.optim.Optimizer, *,
 # --------------------------------------------------------------------------- the loop
 
 async def train(config: TrainConfig, pool: CellPool | None = None,
-                progress: Progress | None = None) -> TrainResult:
-    """Run the whole recipe of `config`; see the module docstring."""
+                progress: Progress | None = None,
+                grader: Grader | None = None) -> TrainResult:
+    """Run the whole recipe of `config`; see the module docstring. `grader`: where the
+    trusted judge runs (`--backend ray`: on cluster nodes); default `pool`."""
     say: Progress = progress or (lambda event, record: None)
     t_start = time.monotonic()
     run, g = config.run, config.grpo
@@ -444,7 +446,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                                            map_location="cpu"))
 
         if not run.resume and evals is not None:
-            before = await evaluate_pass1(policy, config, pool, evals)
+            before = await evaluate_pass1(policy, config, pool, evals, grader)
             state["pass_before"] = before["pass1"]
             state["eval_before"] = before
             log.write("eval", 0, {"when": 0, **before})
@@ -477,7 +479,8 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 journal, run_id, agent, pool, group_size=g.group_size,
                 env_workers=config.rollout.env_workers,
                 in_flight=config.rollout.max_staleness + 1 if asynchronous else 1,
-                inputs=inputs, tasks_per_step=g.tasks_per_step, tokenizer=tok)
+                inputs=inputs, tasks_per_step=g.tasks_per_step, tokenizer=tok,
+                grader=grader)
             await eps.__aenter__()
 
         def launch(step: int, version: int) -> Awaitable[RolloutBatch]:
@@ -489,7 +492,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                     return eps.rollout(step, sets.train_step(step), timed)
                 return rollout(timed, sets.train_step(step),
                                group_size=g.group_size, pool=pool, config=agent,
-                               env_slots=env_slots.lane(step))
+                               env_slots=env_slots.lane(step), grader=grader)
             if copies is None:
                 if eps is not None:  # a function of (seed, step): a resumed run draws
                     # as the uninterrupted one did from the step it resumes at
@@ -583,7 +586,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         if evals is not None:
             if eps is not None:
                 policy.generator.manual_seed(run.seed * 1_000_003 + g.steps + 999_983)
-            after = await evaluate_pass1(policy, config, pool, evals)
+            after = await evaluate_pass1(policy, config, pool, evals, grader)
             result.pass_after = after["pass1"]
             result.eval_after = after
             if result.eval_before is not None:
