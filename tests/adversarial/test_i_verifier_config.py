@@ -101,6 +101,14 @@ ATTACKS = {
 }
 
 
+# A repository config git cannot read to its end: the scan must not hang on it (it would
+# end as a setup failure, scored 0 only through the oracle's control), nor git after it.
+UNREADABLE_CONFIGS = {
+    "fifo": "mkfifo /app/.git/config.new && mv /app/.git/config.new /app/.git/config",
+    "dev-zero": "ln -sf /dev/zero /app/.git/config",
+}
+
+
 @pytest.fixture(scope="module")
 def pool():
     loop = asyncio.new_event_loop()
@@ -148,6 +156,14 @@ def test_settings_planted_in_app_never_run_for_the_verifier(pool, tasks, attack)
     which, plant = ATTACKS[attack]
     g = grade(pool, tasks[which], WRONG + plant + "\n")
     assert g.outcome is Outcome.FAILED and g.reward == 0.0, (attack, g)
+
+
+@pytest.mark.parametrize("how", sorted(UNREADABLE_CONFIGS))
+def test_an_unreadable_repository_config_is_replaced_not_waited_on(pool, tasks, how):
+    g = grade(pool, tasks["git-status"], WRONG + GIT_INIT + UNREADABLE_CONFIGS[how] + "\n")
+    assert g.outcome is Outcome.FAILED and g.reward == 0.0, (how, g)
+    assert "self-inflicted" not in g.flags and g.verifier_status == "ok", (how, g)
+    assert "not a plain file" in g.verifier_output, g.verifier_output
 
 
 LINK = "ln -s /tests/expected.txt /app/out.txt\n"

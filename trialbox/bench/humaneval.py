@@ -341,13 +341,13 @@ async def settle(pool: Any, timeout: float = SETTLE_S) -> None:
 
 
 async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], pool: Any,
-                         workers: int) -> dict[str, Any]:
+                         workers: int, meter: CpuMeter | None = None) -> dict[str, Any]:
     from trialbox.judge.evaluate import evaluate
-    c0 = trialbox_cpu_s(pool)
+    c0 = trialbox_cpu_s(pool, meter)
     t0 = time.monotonic()
     rows, _summary = await evaluate(tasks, samples, pool, workers=workers)
     wall = time.monotonic() - t0
-    c1 = trialbox_cpu_s(pool)
+    c1 = trialbox_cpu_s(pool, meter)
     return {"wall_s": wall, "tasks": len(rows),
             "cpu_s": None if c0 is None or c1 is None else c1 - c0,
             "verdicts": [r.get("passed") is True and r.get("outcome") == "passed"
@@ -359,33 +359,107 @@ async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], p
                              if isinstance(r.get("wall_ms"), (int, float))]}
 
 
-def trialbox_cpu_s(pool: Any) -> float | None:
-    """CPU seconds trialbox has used so far: this process (the judge, the supervisor and
-    their threads), the pool's zygote (forking cells) and every cell's cgroup (the
-    candidates, the harnesses and the cells' own set-up and teardown), from the kernel's
-    accounting — a figure the machine's other load does not inflate the way it does wall
-    time. Kernel work deferred to kernel threads (a namespace's final teardown) is not
-    in it. None when the pool does not expose its zygote or cgroups."""
+class CpuMeter:
+    """This process in a cgroup of its own (a child of its current one, in the
+    hierarchy that accounts CPU: cgroup v1's cpuacct or v2), so that everything it
+    starts — the pool's zygote, and each cell's processes before they join their own
+    cgroups (forking, unsharing namespaces, mounting) — is counted with it. `read()`:
+    CPU seconds used in it so far (None when it could not be set up: not root, no
+    such hierarchy). Put back and removed on exit."""
+
+    def __init__(self) -> None:
+        self.dir: str | None = None
+        self.home: str | None = None
+        self.file = ""
+
+    def __enter__(self) -> CpuMeter:
+        from trialbox.sandbox.cgroups import _mounts
+        try:
+            ours = {}
+            with open("/proc/self/cgroup") as f:
+                for line in f:
+                    _id, ctrl, path = line.rstrip("\n").split(":", 2)
+                    for c in ctrl.split(","):
+                        ours[c] = path
+            for mountpoint, fstype, opts in _mounts():
+                if fstype == "cgroup" and "cpuacct" in opts and "cpuacct" in ours:
+                    rel, self.file = ours["cpuacct"], "cpuacct.usage"
+                elif fstype == "cgroup2" and "" in ours:
+                    rel, self.file = ours[""], "cpu.stat"
+                else:
+                    continue
+                home = os.path.join(mountpoint, rel.lstrip("/"))
+                d = os.path.join(home, f"trialbox-bench-{os.getpid()}")
+                os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+                self.dir, self.home = d, home
+                break
+        except (OSError, ValueError):
+            self.dir = None
+        return self
+
+    def read(self) -> float | None:
+        if self.dir is None:
+            return None
+        try:
+            with open(os.path.join(self.dir, self.file)) as f:
+                text = f.read()
+        except OSError:
+            return None
+        if self.file == "cpuacct.usage":
+            return int(text) / 1e9
+        usage = dict(line.split()[:2] for line in text.splitlines() if line.strip())
+        return int(usage["usage_usec"]) / 1e6 if "usage_usec" in usage else None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.dir is None or self.home is None:
+            return
+        try:
+            with open(os.path.join(self.home, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            for _ in range(50):
+                try:
+                    os.rmdir(self.dir)
+                    return
+                except OSError:  # a process of ours not yet gone
+                    time.sleep(0.1)
+        except OSError:
+            pass
+
+
+def trialbox_cpu_s(pool: Any, meter: CpuMeter | None) -> float | None:
+    """CPU seconds trialbox has used so far, from the kernel's accounting — a figure the
+    machine's other load does not inflate the way it does wall time: the meter's cgroup
+    (this process: the judge, the supervisor and their threads; the zygote; every cell's
+    set-up before it joins its own cgroup) plus the pool's cgroups (the candidates and
+    harnesses, the cells' teardown). Kernel work deferred to kernel threads (a namespace's
+    final teardown) is in neither. None without a meter or when the pool does not expose
+    its cgroups."""
+    own = meter.read() if meter is not None else None
+    if own is None or meter is None or meter.dir is None:
+        return None
     try:
-        total = time.process_time()
         if getattr(pool, "zygote", None) is None:  # an OCI tier: runsc / runc in cgroups
             dirs = pool.cgroups.dirs(f"trialbox-oci/{pool.id}")  # (a lower bound: a
         else:  # session destroyed during the round took its cgroup's count with it)
-            with open(f"/proc/{pool.zygote.proc.pid}/stat", "rb") as f:
-                fields = f.read().rpartition(b")")[2].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
             dirs = pool.cgroups.dirs(f"trialbox/{pool.id}")
+    except AttributeError:
+        return None
+    if any(d.startswith(meter.dir + "/") for d in dirs):
+        return own  # the pool's cgroups are inside the meter's: counted already
+    try:
         for d in dirs:  # v1
             if os.path.exists(os.path.join(d, "cpuacct.usage")):
                 with open(os.path.join(d, "cpuacct.usage")) as f:
-                    return total + int(f.read()) / 1e9
+                    return own + int(f.read()) / 1e9
         for d in dirs:  # v2 (v1's cpu.stat has no usage_usec)
             if os.path.exists(os.path.join(d, "cpu.stat")):
                 with open(os.path.join(d, "cpu.stat")) as f:
                     usage = dict(line.split()[:2] for line in f if line.strip())
                 if "usage_usec" in usage:
-                    return total + int(usage["usage_usec"]) / 1e6
-    except (AttributeError, OSError, KeyError, ValueError, IndexError):
+                    return own + int(usage["usage_usec"]) / 1e6
+    except (OSError, ValueError):
         return None
     return None
 
@@ -667,8 +741,8 @@ class _ExpectedCheats(logging.Filter):
         return "cheat detected" not in record.getMessage()
 
 
-async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
-               ) -> dict[str, Any]:
+async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str,
+               meter: CpuMeter | None = None) -> dict[str, Any]:
     from trialbox.store.tasks import index, load_tasks
 
     problems: list[str] = []
@@ -733,7 +807,7 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str
                          f"samples, {workers} workers")
                     try:
                         rounds[name].append(await trialbox_round(tasks, samples, pool,
-                                                                 workers))
+                                                                 workers, meter))
                     except Exception as e:
                         problems.append(f"trialbox round {rnd + 1} failed: {e!r}")
                         await pool.close()
@@ -817,7 +891,8 @@ def main(args: argparse.Namespace) -> int:
     telemetry.addFilter(quiet)
     try:
         with tempfile.TemporaryDirectory(prefix="trialbox-bench-humaneval-") as workdir:
-            res = asyncio.run(_run(params, machine, workdir))
+            with CpuMeter() as meter:
+                res = asyncio.run(_run(params, machine, workdir, meter))
         res["duration_s"] = round(time.monotonic() - t0, 1)
         print(render_table(res), flush=True)
         if out is not None:

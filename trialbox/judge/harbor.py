@@ -230,6 +230,13 @@ def quoted(v):
     return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") \
         .replace("\t", "\\t") + '"'
 def tame(path):
+    if not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
+        # a fifo, a link to a device, a huge file: git would block or read forever
+        os.remove(path)
+        open(path, "w").close()
+        print("G " + json.dumps(path[len("/workspace"):]) + ": dropped " +
+              "not a plain file of at most 1 MiB")
+        return
     r = subprocess.run([git, "config", "--file", path, "--no-includes", "--null", "--list"],
                        capture_output=True, env={"HOME": HOME, "GIT_CONFIG_NOSYSTEM": "1",
                                                  "PATH": "/usr/bin:/bin"})
