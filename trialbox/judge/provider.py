@@ -38,8 +38,9 @@ def _factories(warm: int, image: str) -> dict[str, Callable[[], Any]]:
 
     def oci_config() -> Any:  # the judge's codec, stub and harness preloaded, as above
         from trialbox.sandbox.oci import OciConfig
-        return OciConfig(warm=warm, image=image,
-                         preload_sources=judge_pool_config().preload_sources)
+        judge = judge_pool_config()
+        return OciConfig(warm=warm, image=image, preload=judge.preload,
+                         preload_sources=judge.preload_sources)
 
     def gvisor() -> Any:
         from trialbox.sandbox.gvisor import GVisorProvider

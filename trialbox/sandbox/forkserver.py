@@ -436,16 +436,23 @@ WAKE = (-1, -1)
 """SIGCHLD's wakeup pipe (main)."""
 
 
-def preload_sources():
-    """Import the provider's helper modules (OciConfig.preload_sources, listed in
-    /.tb/preload.json) once, as the namespace tier's zygote does (zygote.prewarm)."""
+def preload():
+    """Import the stdlib modules runs commonly use and the provider's helper modules
+    (OciConfig.preload and preload_sources, in /.tb/preload.json) once, as the namespace
+    tier's zygote does (zygote.prewarm)."""
     import types
     try:
         with open("/.tb/preload.json") as f:
-            sources = json.load(f)
-    except OSError:
-        return
-    for name, source in sources:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = {}
+    modules = config.get("modules")
+    for name in PRELOAD if modules is None else modules:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    for name, source in config.get("sources", ()):
         module = types.ModuleType(name)
         module.__file__ = "<%s>" % name
         sys.modules[name] = module
@@ -474,12 +481,7 @@ def main():
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)  # only the supervisor ends a session
-    for name in PRELOAD:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
-    preload_sources()
+    preload()
     gc.freeze()  # keep the collector off the preloaded heap, shared with each child
     waiting = Waiting()
     send(b"H")
