@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trialbox.errors import InfraError, UsageError
-from trialbox.types import Limits
+from trialbox.types import Limits, Verdict
 
 EXT_LANG = {".py": "python", ".sh": "bash", ".c": "c", ".cpp": "cpp", ".cc": "cpp",
             ".cxx": "cpp"}
@@ -342,12 +342,12 @@ async def _eval(args: argparse.Namespace) -> int:
     return _write_rows(args.out, rows, summary)
 
 
-def _write_rows(path: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> int:
+def _write_rows(path: str, rows: list[Verdict], summary: dict[str, Any]) -> int:
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w") as out:
             for row in rows:
-                out.write(json.dumps(row) + "\n")
+                out.write(json.dumps(row.to_dict()) + "\n")
         os.replace(tmp, path)
     except OSError as e:
         raise UsageError(f"cannot write --out {path}: {e.strerror}") from e

@@ -599,3 +599,219 @@ class TaskState(enum.Enum):
 
 _FINAL_STATES = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.TIMED_OUT,
                            TaskState.CANCELLED})
+
+
+# --------------------------------------------------------------------------- evaluation
+
+@dataclass(frozen=True)
+class EvalSample:
+    """One answer to grade (a line of `trialbox eval --samples`): for a function task the
+    completion is appended to the task's prompt; for a stdio task it is the whole program
+    in `language`; for a repository task it is a unified diff, or `files` overlays the
+    starting tree ({path: text, or None to delete})."""
+
+    task_id: str
+    completion: str | None = None
+    """None only when `files` is given (a repository answer as an overlay)."""
+    files: dict[str, str | None] | None = None
+    language: Any = "python"
+    """As the row gave it (checked against the task by the evaluator, which names what
+    is wrong with a bad one in the sample's error row)."""
+
+    @property
+    def answer(self) -> str | dict[str, str | None]:
+        """What the judge grades: the completion, or else the files overlay."""
+        if self.completion is not None:
+            return self.completion
+        return self.files or {}
+
+    @staticmethod
+    def parse(row: object, where: str = "sample") -> EvalSample | SampleError:
+        """A sample from its JSON object, or the error variant saying what is wrong with
+        it (the row is then reported, never dropped)."""
+        if not isinstance(row, dict):
+            return SampleError(f"{where}: a sample must be a JSON object with task_id and "
+                               "completion")
+        task_id = row.get("task_id")
+        if not isinstance(task_id, str):
+            return SampleError(f"{where}: missing or non-string task_id")
+        completion, files = row.get("completion"), row.get("files")
+        if isinstance(files, dict) and "completion" not in row:
+            return EvalSample(task_id, None, files, row.get("language", "python"))
+        if not isinstance(completion, str):
+            return SampleError(f"{where}: missing or non-string completion (repository "
+                               "tasks may give \"files\" instead)", task_id)
+        return EvalSample(task_id, completion, None, row.get("language", "python"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id}
+        if self.completion is not None:
+            out["completion"] = self.completion
+        if self.files is not None:
+            out["files"] = self.files
+        if self.language != "python":
+            out["language"] = self.language
+        return out
+
+
+@dataclass(frozen=True)
+class SampleError:
+    """The error variant of a sample: a row that cannot be graded at all (not JSON, no
+    task_id, no completion, unknown task...). It gets an error row saying why."""
+
+    message: str
+    task_id: str | None = None
+
+
+Sample = EvalSample | SampleError
+"""What a samples file holds, row by row: a sample to grade, or why a row is none."""
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A repeated grading of the same sample (`trialbox eval --repeat`)."""
+
+    outcome: Outcome
+    reward: float | None
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A weighted reward's parts (`RewardSpec` not binary), shown beside the reward."""
+
+    style_findings: tuple[str, ...] = ()
+    """ruff's findings on the lines the candidate wrote."""
+    style: float | None = None
+    efficiency: float | None = None
+    memory: float | None = None
+    reference_peak_memory_bytes: int | None = None
+
+
+_TEST_FIELDS = tuple(f.name for f in fields(TestResult))
+"""A row's tests: every field of TestResult, all scalars — what asdict gives, without
+its deep copy of each value (9 tests: ~100 -> ~11 us, on every judged attempt)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One sample's graded row (`trialbox eval --out`, one per input row, in order): the
+    first grading's evidence and reward, and whether repeated gradings agreed.
+
+    A row that could not be graded (a `SampleError`, or a sample the evaluator refused)
+    has outcome ERROR, reward None and no measurements (`graded` False). The JSON form
+    (`to_dict`/`from_dict`) is the one rows files have always had."""
+
+    task_id: str | None
+    outcome: Outcome
+    passed: bool = False
+    reward: float | None = None
+    """None: excluded from scoring (infrastructure, the task's own tests, bad input)."""
+    message: str = ""
+    flags: tuple[str, ...] = ()
+    tests: tuple[TestResult, ...] = ()
+    wall_ms: float = 0.0
+    scores: Scores | None = None
+    """The weighted reward's parts; None under the binary reward."""
+    graded: bool = True
+    """False for an error row: the fields below are then absent from its JSON."""
+    candidate_cpu_ms: float = 0.0
+    candidate_peak_memory_bytes: int = 0
+    attempts: int = 1
+    repeats: tuple[Repeat, ...] = ()
+    deterministic: bool = True
+    environment: str | None = None
+    """`Runtime.id` the sample ran in; None when not recorded."""
+
+    @staticmethod
+    def error(message: str, task_id: str | None = None) -> Verdict:
+        return Verdict(task_id, Outcome.ERROR, message=message, graded=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "passed": self.passed,
+                               "reward": self.reward}
+        if self.scores is not None:
+            s = self.scores
+            out.update(style_findings=list(s.style_findings), style=s.style,
+                       efficiency=s.efficiency, memory=s.memory,
+                       reference_peak_memory_bytes=s.reference_peak_memory_bytes)
+        out.update(outcome=self.outcome.value, message=self.message, flags=list(self.flags),
+                   tests=[{k: getattr(t, k) for k in _TEST_FIELDS} for t in self.tests],
+                   wall_ms=self.wall_ms)
+        if self.graded:
+            out.update(candidate_cpu_ms=self.candidate_cpu_ms,
+                       candidate_peak_memory_bytes=self.candidate_peak_memory_bytes,
+                       attempts=self.attempts,
+                       repeats=[{"outcome": r.outcome.value, "reward": r.reward}
+                                for r in self.repeats],
+                       deterministic=self.deterministic)
+        if self.environment is not None:
+            out["environment"] = self.environment
+        return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Verdict:
+        """A row back from its JSON (any rows file `trialbox eval` wrote)."""
+        scores = None
+        if "style_findings" in d:
+            scores = Scores(tuple(d["style_findings"]), d.get("style"), d.get("efficiency"),
+                            d.get("memory"), d.get("reference_peak_memory_bytes"))
+        return Verdict(
+            task_id=d.get("task_id"), outcome=Outcome(d["outcome"]),
+            passed=bool(d.get("passed", False)), reward=d.get("reward"),
+            message=d.get("message", ""), flags=tuple(d.get("flags", ())),
+            tests=tuple(TestResult(**t) for t in d.get("tests", ())),
+            wall_ms=d.get("wall_ms", 0.0), scores=scores,
+            graded="attempts" in d, candidate_cpu_ms=d.get("candidate_cpu_ms", 0.0),
+            candidate_peak_memory_bytes=d.get("candidate_peak_memory_bytes", 0),
+            attempts=d.get("attempts", 1),
+            repeats=tuple(Repeat(Outcome(r["outcome"]), r["reward"])
+                          for r in d.get("repeats", ())),
+            deterministic=d.get("deterministic", True), environment=d.get("environment"))
+
+
+# --------------------------------------------------------------------------- training
+
+@dataclass(frozen=True)
+class StepSummary:
+    """One training step's headline figures (the trainer's history, its plot)."""
+
+    step: int
+    reward: float
+    """Mean reward over the step's graded episodes."""
+    pass_rate: float
+    pass_turn1: float
+    """Share of graded episodes that passed at their first turn."""
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """The trainer's loop state: what a checkpoint saves (`state.json`) and `--resume`
+    continues from. Replaced, never mutated, as the loop goes."""
+
+    step: int = 0
+    """Update steps done."""
+    pass_before: float | None = None
+    """Held-out pass@1 before training (None: no evaluation set)."""
+    bad_in_a_row: int = 0
+    """Consecutive steps skipped for a non-finite loss (stops at `max_bad_steps`)."""
+    history: tuple[StepSummary, ...] = ()
+    eval_before: dict[str, Any] | None = None
+    """The evaluation record before training (`evaluate_pass1`), as logged."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step": self.step, "pass_before": self.pass_before,
+                               "bad_in_a_row": self.bad_in_a_row,
+                               "history": [asdict(h) for h in self.history]}
+        if self.eval_before is not None:
+            out["eval_before"] = self.eval_before
+        return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> TrainState:
+        """From a checkpoint's `state.json` (any trialbox version's)."""
+        return TrainState(step=int(d["step"]), pass_before=d.get("pass_before"),
+                          bad_in_a_row=int(d.get("bad_in_a_row", 0)),
+                          history=tuple(StepSummary(h["step"], h["reward"], h["pass_rate"],
+                                                    h["pass_turn1"])
+                                        for h in d.get("history", ())),
+                          eval_before=d.get("eval_before"))

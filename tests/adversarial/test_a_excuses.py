@@ -260,6 +260,7 @@ def test_a_random_guesser_with_a_failure_oracle_scores_its_guess_rate(runner):
     rows, summary = runner.run(evaluate(
         {ORACLE.task_id: ORACLE}, [{"task_id": ORACLE.task_id, "completion": GUESSER}],
         runner.pool, repeat=16, workers=1, config=PATIENT), timeout=900)
+    rows = [r.to_dict() for r in rows]
     (row,) = rows
     outcomes = [row["outcome"], *(r["outcome"] for r in row["repeats"])]
     rewards = [row["reward"], *(r["reward"] for r in row["repeats"])]

@@ -76,6 +76,7 @@ def test_canary_pass_is_a_cheat_and_the_gap_is_reported(tmp_path, runner):
                # special-cases the visible test only
                {"task_id": "stdio/echo", "completion": "print('a')"}]
     out, summary = runner.run(evaluate(tasks, samples, runner.pool, workers=2))
+    out = [r.to_dict() for r in out]
     assert out[0]["outcome"] == "failed" and out[1]["outcome"] == "failed"
     assert summary["canary_tasks"] == 1 and summary["canary_passes"] == 0
     assert summary["visible_pass_rate"] == 1.0
@@ -94,6 +95,7 @@ def test_eval_measures_each_reference_once_and_scales_limits(runner):
                {"task_id": "HumanEval/12", "completion": tasks["HumanEval/12"].canonical_solution}]
     config = JudgeConfig(time_scale=5.0, min_call_timeout_s=0.1, call_timeout_s=2.0)
     rows, summary = runner.run(evaluate(tasks, samples, runner.pool, workers=2, config=config))
+    rows = [r.to_dict() for r in rows]
     assert [r["outcome"] for r in rows] == ["passed", "timeout", "passed"], rows
 
 
@@ -111,6 +113,7 @@ def test_weighted_reward_scores_style_and_efficiency(runner):
     spec = RewardSpec(pass_rate=0.8, style=0.1, efficiency=0.1, binary=False)
     rows, _ = runner.run(evaluate({t13.task_id: t13}, samples, runner.pool, workers=1,
                                   reward_spec=spec))
+    rows = [r.to_dict() for r in rows]
     clean, ugly = rows
     assert clean["outcome"] == ugly["outcome"] == "passed"
     assert clean["style_findings"] == [] and clean["style"] == 1.0
@@ -137,6 +140,7 @@ def test_weighted_reward_scores_peak_memory_against_the_reference(runner):
     spec = RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1, binary=False)
     rows, _ = runner.run(evaluate({t13.task_id: t13}, samples, runner.pool, workers=1,
                                   reward_spec=spec))
+    rows = [r.to_dict() for r in rows]
     clean, fat = rows
     assert clean["outcome"] == fat["outcome"] == "passed"
     assert clean["reference_peak_memory_bytes"] > 0
@@ -180,6 +184,7 @@ def test_eval_grades_repo_and_stdio_rows(runner, tmp_path):
     rows, summary = runner.run(evaluate(index(load_jsonl(tf)), read_samples(str(sf)),
                                         runner.pool, workers=2, reward_spec=spec,
                                         repeat=2))
+    rows = [r.to_dict() for r in rows]
     good, wrong, cheat, stdio = rows
     assert good["outcome"] == "passed" and good["efficiency"] is not None
     assert good["memory"] is not None and good["reward"] > 0.7
@@ -231,11 +236,11 @@ def test_row_tests_are_every_field_of_each_test_result():
     from dataclasses import asdict
 
     from trialbox.judge.evaluate import _row
-    from trialbox.types import Grade, Outcome, TestResult
+    from trialbox.types import EvalSample, Grade, Outcome, TestResult
 
     tests = (TestResult("t0", True, "", 0.25, True),
              TestResult("t1", False, "assertion failed", 1.5, False))
     g = Grade("T/0", Outcome.FAILED, tests=tests, message="t1: assertion failed")
-    row = _row({"task_id": "T/0", "completion": "x"}, [g])
+    row = _row(EvalSample("T/0", "x"), [g]).to_dict()
     assert row["tests"] == [asdict(t) for t in tests]
     assert row["reward"] == 0.0 and row["outcome"] == "failed"

@@ -31,6 +31,7 @@ def test_all_164_canonical_solutions_pass_5_times_with_identical_rewards(runner)
                for t in TASKS.values()]
     rows, summary = runner.run(evaluate(TASKS, samples, runner.pool, repeat=5, workers=4,
                                         config=FAST), timeout=900)
+    rows = [r.to_dict() for r in rows]
     bad = [(r["task_id"], r["outcome"], r["message"]) for r in rows
            if r["outcome"] != "passed" or any(x["outcome"] != "passed" for x in r["repeats"])]
     assert not bad, bad

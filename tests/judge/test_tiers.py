@@ -85,6 +85,7 @@ def test_canonical_solutions_pass_and_exploits_do_not(tier: TierRunner,
     # must fail them by itself; the flags still make them CHEAT.
     rows, summary = tier.run(evaluate(tasks, samples, tier.provider, workers=2,
                                       config=JudgeConfig(run_static_cheats=True)))
+    rows = [r.to_dict() for r in rows]
     assert isinstance(rows, list)
     canon, exploits = rows[:len(CANONICAL)], rows[len(CANONICAL):]
     assert [r["outcome"] for r in canon] == ["passed"] * len(CANONICAL), \

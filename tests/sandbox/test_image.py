@@ -267,6 +267,7 @@ def test_humaneval_canonical_solutions_pass_on_the_image_and_cheats_are_caught(i
             await pool.close()
 
     rows, summary = run(body())
+    rows = [r.to_dict() for r in rows]
     assert [r["outcome"] for r in rows[:len(ids)]] == ["passed"] * len(ids), rows
     for r, c in zip(rows[len(ids):], cheats, strict=True):
         assert r["outcome"] == "cheat" and DETECTOR[c] in r["flags"], (c, r)

@@ -39,16 +39,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import statistics
 import tempfile
 import time
 from typing import Any
 
+from trialbox.bench import report
 from trialbox.bench.humaneval_mix import EXPLOITS, exploit_completion
-from trialbox.bench.sandbox import _log, machine_info
 from trialbox.errors import UsageError
+from trialbox.types import EvalSample
 
 GOAL_ADDED_MS = 1.0
 GOAL_RATIO = 0.9
@@ -57,7 +56,6 @@ GOAL_RATIO = 0.9
 def add_parser(bsub: Any) -> None:
     p = bsub.add_parser("cluster", help="Ray backend vs local: added latency per judged "
                         "attempt, tasks/s, verdicts; driver scaling over N simulated nodes")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--workers", type=int, default=4, help="attempts in flight (4)")
     p.add_argument("--latency-runs", type=int, default=40,
                    help="sequential attempts for the latency figures (40)")
@@ -67,7 +65,7 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--episodes", type=int, default=10_000, help="episodes per scale run")
     p.add_argument("--slots", type=int, default=64, help="slots per simulated node (64)")
     p.add_argument("--work-ms", type=float, default=20.0, help="fake work per episode (20)")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -78,9 +76,6 @@ def _rss_mb() -> float:
                 return int(line.split()[1]) / 1024
     return 0.0
 
-
-def _p50(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 # ---------------------------------------------------------------------- part 1
@@ -97,16 +92,16 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
 
     tasks_list = load_humaneval()[: args.limit]
     tasks = index(tasks_list)
-    samples: list[dict[str, Any]] = []
+    samples: list[EvalSample] = []
     kinds: list[str] = []
     for i, t in enumerate(tasks_list):
-        samples.append({"task_id": t.task_id, "completion": t.canonical_solution})
+        samples.append(EvalSample(t.task_id, t.canonical_solution))
         kinds.append("canonical")
         name = EXPLOITS[i % len(EXPLOITS)]
-        samples.append({"task_id": t.task_id, "completion": exploit_completion(name, t)})
+        samples.append(EvalSample(t.task_id, exploit_completion(name, t)))
         kinds.append(f"exploit:{name}")
     w = args.workers
-    _log("starting a one-node Ray cluster on this machine")
+    report.log("starting a one-node Ray cluster on this machine")
     ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
              configure_logging=False, namespace="trialbox-bench",
              resources={"trialbox_node": 1, "trialbox_slots": w,
@@ -127,7 +122,7 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
             seq = [s for s, k in zip(samples, kinds, strict=True)
                    if k == "canonical"][: args.latency_runs]
             lat: dict[str, list[float]] = {"local": [], "ray": [], "noop": []}
-            load0 = os.getloadavg()[0]
+            load0 = report.load_average()
             actor = next(iter(be.members.values())).actor
             await actor.run_times.remote()  # forget the warm-up's
             for s in seq:  # interleaved: drift hits both alike
@@ -146,17 +141,18 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 await be.run("noop", i, tier="fake")
                 lat["noop"].append((time.perf_counter() - t0) * 1000)
-            res["latency_ms"] = {k: round(_p50(v), 3) for k, v in lat.items()}
-            res["latency_ms"]["transport"] = round(_p50(transport), 3)
-            res["latency_ms"]["added"] = round(_p50(lat["ray"]) - _p50(lat["local"]), 3)
+            res["latency_ms"] = {k: round(report.median(v), 3) for k, v in lat.items()}
+            res["latency_ms"]["transport"] = round(report.median(transport), 3)
+            res["latency_ms"]["added"] = round(report.median(lat["ray"])
+                                               - report.median(lat["local"]), 3)
             res["latency_ms"]["runs"] = len(seq)
-            res["load_average"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
-            _log(f"latency p50: {res['latency_ms']}")
+            res["load_average"] = [load0, report.load_average()]
+            report.log(f"latency p50: {res['latency_ms']}")
 
             async def throughput(ev: Evaluator) -> tuple[float, list[str]]:
                 sem = asyncio.Semaphore(w)
 
-                async def one(s: dict[str, Any]) -> str:
+                async def one(s: EvalSample) -> str:
                     async with sem:
                         g, _ = await ev.attempt(s)
                         return g.outcome.value
@@ -171,12 +167,12 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
                     rate, outs = await throughput(ev)
                     rates[name].append(rate)
                     verdicts.setdefault(name, outs)
-                    _log(f"round {r + 1} {name}: {rate:.1f} attempts/s")
-            lr, rr = _p50(rates["local"]), _p50(rates["ray"])
+                    report.log(f"round {r + 1} {name}: {rate:.1f} attempts/s")
+            lr, rr = report.median(rates["local"]), report.median(rates["ray"])
             res["throughput"] = {"attempts": len(samples), "workers": w,
                                  "local_per_s": round(lr, 2), "ray_per_s": round(rr, 2),
                                  "ratio": round(rr / lr, 3), "rounds": rates}
-            differ = [(s["task_id"], k, verdicts["local"][i], verdicts["ray"][i])
+            differ = [(s.task_id, k, verdicts["local"][i], verdicts["ray"][i])
                       for i, (s, k) in enumerate(zip(samples, kinds, strict=True))
                       if verdicts["local"][i] != verdicts["ray"][i]]
             passed = sum(1 for v in verdicts["ray"] if v == "passed")
@@ -241,7 +237,7 @@ def _scale(args: argparse.Namespace) -> list[dict[str, Any]]:
     from ray.cluster_utils import Cluster
     out = []
     for n in [int(x) for x in args.nodes.split(",") if x.strip()]:
-        _log(f"scale: {n} node(s) x {args.slots} slots, {args.episodes} episodes")
+        report.log(f"scale: {n} node(s) x {args.slots} slots, {args.episodes} episodes")
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,
                                                           "include_dashboard": False})
         try:
@@ -254,7 +250,7 @@ def _scale(args: argparse.Namespace) -> list[dict[str, Any]]:
             r = asyncio.run(_scale_run(c.address, args.episodes, n * args.slots,
                                        args.work_ms / 1000))
             r["nodes"] = n
-            _log(f"  {r}")
+            report.log(f"  {r}")
             out.append(r)
         finally:
             ray.shutdown()
@@ -295,16 +291,11 @@ def main(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.episodes < 1 or args.slots < 1 or args.work_ms < 0:
         raise UsageError("--workers, --episodes and --slots must be >= 1, --work-ms >= 0")
     t0 = time.monotonic()
-    res: dict[str, Any] = {"machine": machine_info()}
+    res: dict[str, Any] = {"machine": report.machine_info()}
     res["one_node"] = asyncio.run(_one_node(args)) if args.latency_runs > 0 else None
     res["scale"] = _scale(args) if args.nodes else []
     res["duration_s"] = round(time.monotonic() - t0, 1)
-    print(render(res), flush=True)
-    if args.json:
-        print(json.dumps(res, default=str))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps(res, indent=2, default=str) + "\n")
+    report.emit(res, args, render(res))
     one = res["one_node"]
     bad = (one is not None and not one["verdicts"]["same"]) or any(
         r["done"] != r["episodes"] for r in res["scale"])

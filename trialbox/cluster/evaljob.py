@@ -23,7 +23,7 @@ from trialbox.judge.function import JudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
-from trialbox.types import Grade, Runtime, Task
+from trialbox.types import EvalSample, Grade, Runtime, Sample, Task, Verdict
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,18 @@ class ClusterEvaluator(Evaluator):
     async def close(self) -> None:
         """The nodes' harnesses close with the nodes (`RayBackend.close`)."""
 
-    async def attempt(self, sample: dict[str, Any]) -> tuple[Grade, Reference]:
+    async def attempt(self, sample: EvalSample) -> tuple[Grade, Reference]:
         grade, reference = await self.backend.run(self.name, sample, tier=self.tier)
         return grade, reference
 
 
-async def eval_on_cluster(tasks: dict[str, Task], samples: list[dict[str, Any] | str], *,
+async def eval_on_cluster(tasks: dict[str, Task], samples: list[Sample], *,
                           cluster: ClusterConfig, tier: str, workers: int, repeat: int,
                           db: str | None, run: str, resume: bool, samples_bytes: bytes,
                           reward: str, time_scale: float | None, amplified: str | None,
                           config: JudgeConfig | None, stdio_config: StdioJudgeConfig | None,
                           reward_spec: RewardSpec | None,
-                          ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                          ) -> tuple[list[Verdict], dict[str, Any]]:
     """Connect (refusing an unreachable cluster, mismatched nodes, a tier no node
     offers — before the journal is touched), then run the journaled eval on it."""
     fingerprint = inputs_fingerprint(samples_bytes, list(tasks), repeat=repeat,

@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
@@ -33,7 +33,8 @@ from trialbox.judge.reward import RewardSpec, reward, score, style_findings, sty
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.sandbox.languages import language
 from trialbox.sandbox.base import Sandbox, SandboxProvider
-from trialbox.types import Grade, Outcome, Task, TaskKind, TestResult
+from trialbox.types import (EvalSample, Grade, Outcome, Repeat, Sample, SampleError, Scores,
+                            Task, TaskKind, TestResult, Verdict)
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,6 @@ class Reference:
 
 
 _BINARY = RewardSpec()
-_TEST_FIELDS = tuple(f.name for f in fields(TestResult))
-"""A row's tests: every field of TestResult, all scalars — what asdict gives, without
-its deep copy of each value (9 tests: ~100 -> ~11 us, on every judged attempt)."""
 
 
 def reward_of(grade: Grade) -> float | None:
@@ -70,9 +68,10 @@ def _finding_line(finding: str) -> int:
         return 1 << 30
 
 
-def read_samples(path: str) -> list[dict[str, Any] | str]:
-    """Sample rows as dicts, or a string saying what is wrong with that row."""
-    rows: list[dict[str, Any] | str] = []
+def read_samples(path: str) -> list[Sample]:
+    """The samples file's rows, each a sample or the error variant saying what is wrong
+    with that row (it gets an error row; nothing is dropped)."""
+    rows: list[Sample] = []
     try:
         with open(path, "rb") as f:
             lines = f.read().splitlines()
@@ -84,38 +83,39 @@ def read_samples(path: str) -> list[dict[str, Any] | str]:
         try:
             row = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
-            rows.append(f"{path}:{n}: not a JSON object ({e})")
+            rows.append(SampleError(f"{path}:{n}: not a JSON object ({e})"))
             continue
-        if not isinstance(row, dict):
-            rows.append(f"{path}:{n}: a sample must be a JSON object with task_id and "
-                        "completion")
-        elif not isinstance(row.get("task_id"), str):
-            rows.append(f"{path}:{n}: missing or non-string task_id")
-        elif isinstance(row.get("files"), dict) and "completion" not in row:
-            rows.append(row)  # a repository answer as a files overlay
-        elif not isinstance(row.get("completion"), str):
-            rows.append(f"{path}:{n}: missing or non-string completion (repository "
-                        "tasks may give \"files\" instead)")
-        else:
-            rows.append(row)
+        rows.append(EvalSample.parse(row, f"{path}:{n}"))
     return rows
 
 
-def _row(sample: dict[str, Any] | str, grades: list[Grade],
+def as_sample(x: Sample | dict[str, Any] | str) -> Sample:
+    """A sample given to `evaluate` as a record, a JSON-like dict (checked against its
+    task by `Evaluator.check`, as a samples file's row is) or a message (an error)."""
+    if isinstance(x, (EvalSample, SampleError)):
+        return x
+    if isinstance(x, str):
+        return SampleError(x)
+    if not isinstance(x, dict) or not isinstance(x.get("task_id"), str):
+        return EvalSample.parse(x)
+    completion, files = x.get("completion"), x.get("files")
+    return EvalSample(x["task_id"], completion if isinstance(completion, str) else None,
+                      files if isinstance(files, dict) and "completion" not in x else None,
+                      x.get("language", "python"))
+
+
+def _row(sample: EvalSample, grades: list[Grade],
          spec: RewardSpec | None = None, style: tuple[str, ...] | None = None,
          reference: Reference | None = None, lines: int | None = None,
-         by_cpu: bool = False) -> dict[str, Any]:
-    if isinstance(sample, str):
-        return {"task_id": None, "passed": False, "reward": None, "outcome": "error",
-                "message": sample, "flags": [], "tests": [], "wall_ms": 0.0}
+         by_cpu: bool = False) -> Verdict:
     g = grades[0]
-    extra: dict[str, Any] = {}
+    scores: Scores | None = None
     spec = spec or _BINARY
     if spec.binary:
         rewards = [score(x, spec).reward for x in grades]
     else:  # weighted: style from ruff, efficiency and memory against the reference
         if lines is None:
-            lines = max(1, str(sample.get("completion", "")).count("\n") + 1)
+            lines = max(1, (sample.completion or "").count("\n") + 1)
         s_score = style_score(style, lines) if style is not None else None
         ref = reference or Reference()
         if by_cpu:  # repository tasks: CPU of the whole run, from its cgroup
@@ -126,20 +126,17 @@ def _row(sample: dict[str, Any] | str, grades: list[Grade],
         scored = [score(x, spec, style=s_score, reference_ms=ref_ms, reference_bytes=ref_mem,
                         by_cpu=by_cpu) for x in grades]
         rewards = [x.reward for x in scored]
-        extra = {"style_findings": list(style or ()), "style": s_score,
-                 "efficiency": scored[0].efficiency, "memory": scored[0].memory,
-                 "reference_peak_memory_bytes": ref_mem}
-    return {"task_id": sample["task_id"], "passed": g.passed, "reward": rewards[0], **extra,
-            "outcome": g.outcome.value, "message": g.message, "flags": list(g.flags),
-            "tests": [{k: getattr(t, k) for k in _TEST_FIELDS} for t in g.tests],
-            "wall_ms": g.wall_ms,
-            "candidate_cpu_ms": g.candidate_cpu_ms,
-            "candidate_peak_memory_bytes": g.candidate_peak_memory_bytes,
-            "attempts": g.attempts,
-            "repeats": [{"outcome": x.outcome.value, "reward": r}
-                        for x, r in zip(grades[1:], rewards[1:], strict=True)],
-            "deterministic": len({(x.outcome, r) for x, r in zip(grades, rewards,
-                                                                   strict=True)}) == 1}
+        scores = Scores(tuple(style or ()), s_score, scored[0].efficiency, scored[0].memory,
+                        ref_mem)
+    return Verdict(
+        task_id=sample.task_id, outcome=g.outcome, passed=g.passed, reward=rewards[0],
+        message=g.message, flags=g.flags, tests=g.tests, wall_ms=g.wall_ms, scores=scores,
+        candidate_cpu_ms=g.candidate_cpu_ms,
+        candidate_peak_memory_bytes=g.candidate_peak_memory_bytes, attempts=g.attempts,
+        repeats=tuple(Repeat(x.outcome, r)
+                      for x, r in zip(grades[1:], rewards[1:], strict=True)),
+        deterministic=len({(x.outcome, r) for x, r in zip(grades, rewards,
+                                                           strict=True)}) == 1)
 
 
 def grade_from_json(d: dict[str, Any]) -> Grade:
@@ -152,12 +149,9 @@ def grade_from_json(d: dict[str, Any]) -> Grade:
                  attempts=d.get("attempts", 1), seed=d.get("seed"))
 
 
-def error_row(sample: dict[str, Any] | str, message: str) -> dict[str, Any]:
+def error_row(sample: Sample, message: str) -> Verdict:
     """The row of a sample that cannot be graded at all (bad JSON, unknown task...)."""
-    row = _row(message, [])
-    if isinstance(sample, dict):
-        row["task_id"] = sample["task_id"]
-    return row
+    return Verdict.error(message, sample.task_id)
 
 
 class Evaluator:
@@ -195,29 +189,29 @@ class Evaluator:
         while not self.harnesses.empty():
             await self.harnesses.get_nowait().close()
 
-    def check(self, sample: dict[str, Any] | str) -> str | None:
+    def check(self, sample: Sample) -> str | None:
         """Why `sample` cannot be graded (it then gets an error row), or None."""
-        if isinstance(sample, str):
-            return sample
-        task = self.tasks.get(sample["task_id"])
+        if isinstance(sample, SampleError):
+            return sample.message
+        task = self.tasks.get(sample.task_id)
         if task is None:
-            return f"unknown task_id {sample['task_id']!r}"
+            return f"unknown task_id {sample.task_id!r}"
         from trialbox.sandbox.image_verify import environment_mismatch
         if why := environment_mismatch(task.image, self.pool.runtime):
-            return f"task {sample['task_id']!r}: {why}"
+            return f"task {sample.task_id!r}: {why}"
         if task.kind is TaskKind.STDIO:
-            lang = sample.get("language", "python")
+            lang = sample.language
             try:
                 if not isinstance(lang, str):
                     raise UnknownLanguage(f"language must be a string, got {lang!r}")
                 language(lang)
-                if not isinstance(sample.get("completion"), str):
+                if sample.completion is None:
                     raise UsageError("a stdio task's sample needs a \"completion\" string "
                                      "(the program)")
             except UsageError as e:
-                return f"task {sample['task_id']!r}: {e}"
-        elif task.kind is TaskKind.FUNCTION and not isinstance(sample.get("completion"), str):
-            return (f"task {sample['task_id']!r} is a function task: the sample needs a "
+                return f"task {sample.task_id!r}: {e}"
+        elif task.kind is TaskKind.FUNCTION and sample.completion is None:
+            return (f"task {sample.task_id!r} is a function task: the sample needs a "
                     "\"completion\" string")
         return None
 
@@ -267,16 +261,15 @@ class Evaluator:
                 future.set_exception(e)
         return await references[task.task_id]
 
-    async def attempt(self, sample: dict[str, Any]) -> tuple[Grade, Reference]:
+    async def attempt(self, sample: EvalSample) -> tuple[Grade, Reference]:
         """Grade one attempt of a sample that `check` accepted; with the reference
         measurements the grade was made against (the row's efficiency and memory scores
         need them again)."""
-        task = self.tasks[sample["task_id"]]
-        answer: Any = sample["files"] if "completion" not in sample else sample["completion"]
-        judge = functools.partial(grade, task, answer, self.pool, config=self.config,
+        task = self.tasks[sample.task_id]
+        judge = functools.partial(grade, task, sample.answer, self.pool, config=self.config,
                                   stdio_config=self.stdio_config,
                                   repo_config=self.repo_config,
-                                  language=sample.get("language", "python"))
+                                  language=sample.language)
         if task.kind is TaskKind.FUNCTION:  # a shared trusted harness session
             harness = await self.harnesses.get()
             try:
@@ -290,27 +283,27 @@ class Evaluator:
             g = await judge(reference=reference.times)
         return g, reference
 
-    async def row(self, sample: dict[str, Any], grades: list[Grade],
-                  reference: Reference) -> dict[str, Any]:
+    async def row(self, sample: EvalSample, grades: list[Grade],
+                  reference: Reference) -> Verdict:
         """The output row of a sample from its attempts' grades (in repeat order), with
         the environment (`Runtime.id`) it ran in."""
-        return {**await self._sample_row(sample, grades, reference),
-                "environment": self.pool.runtime.id}
+        return replace(await self._sample_row(sample, grades, reference),
+                       environment=self.pool.runtime.id)
 
-    async def _sample_row(self, sample: dict[str, Any], grades: list[Grade],
-                          reference: Reference) -> dict[str, Any]:
-        task = self.tasks[sample["task_id"]]
+    async def _sample_row(self, sample: EvalSample, grades: list[Grade],
+                          reference: Reference) -> Verdict:
+        task = self.tasks[sample.task_id]
         spec = self.reward_spec
+        completion = sample.completion or ""
         if task.kind is TaskKind.FUNCTION:
             return _row(sample, grades, spec,
-                        await self._style_of(sample["completion"], task.prompt), reference)
+                        await self._style_of(completion, task.prompt), reference)
         if task.kind is TaskKind.STDIO:
-            python = sample.get("language", "python") in ("python", "python3", "py")
+            python = sample.language in ("python", "python3", "py")
             return _row(sample, grades, spec,
-                        await self._style_of(sample["completion"], "") if python else None,
+                        await self._style_of(completion, "") if python else None,
                         reference)
-        answer: Any = sample["files"] if "completion" not in sample else sample["completion"]
-        style, lines = await self._repo_style(task, answer)
+        style, lines = await self._repo_style(task, sample.answer)
         return _row(sample, grades, spec, style, reference, lines, by_cpu=True)
 
     async def _repo_style(self, task: Task,
@@ -331,15 +324,17 @@ class Evaluator:
         return tuple(findings), max(1, sum(len(c) for c in tree.changed.values()))
 
 
-async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | str],
+async def evaluate(tasks: dict[str, Task],
+                   samples: Sequence[Sample | dict[str, Any] | str],
                    pool: SandboxProvider, *, repeat: int = 1, workers: int = 4,
                    config: JudgeConfig | None = None,
                    stdio_config: StdioJudgeConfig | None = None,
                    repo_config: RepoJudgeConfig | None = None,
                    reward_spec: RewardSpec | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Grade every sample `repeat` times with `workers` attempts in flight.
+                   ) -> tuple[list[Verdict], dict[str, Any]]:
+    """Grade every sample `repeat` times with `workers` attempts in flight; one row per
+    sample, in order (`as_sample` says what a sample may be given as).
 
     `reward_spec`: binary by default; a weighted spec also runs ruff on each completion
     (style; for repository tasks on the Python lines the candidate wrote), compares a
@@ -352,13 +347,13 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
     done = 0
     t0 = time.monotonic()
 
-    async def grade_one(sample: dict[str, Any] | str) -> dict[str, Any]:
+    async def grade_one(sample: Sample) -> Verdict:
         nonlocal done
         problem = ev.check(sample)
         if problem is not None:
             row = error_row(sample, problem)
         else:
-            assert isinstance(sample, dict)
+            assert isinstance(sample, EvalSample)
             grades = []
             reference = Reference()
             for _ in range(repeat):
@@ -372,44 +367,44 @@ async def evaluate(tasks: dict[str, Task], samples: Sequence[dict[str, Any] | st
 
     try:
         await ev.start(len(samples))
-        rows = await asyncio.gather(*(grade_one(s) for s in samples))
+        rows = await asyncio.gather(*(grade_one(as_sample(s)) for s in samples))
     finally:
         await ev.close()
     return list(rows), summarize(tasks, list(rows), repeat, time.monotonic() - t0)
 
 
-def summarize(tasks: dict[str, Task], rows: list[dict[str, Any]], repeat: int,
+def summarize(tasks: dict[str, Task], rows: list[Verdict], repeat: int,
               wall: float) -> dict[str, Any]:
     """The run's summary from its rows (pass@1 over the graded ones, counts, determinism,
     the visible/hidden gap, canaries); `wall_s` and `graded_per_s` from `wall`."""
-    graded = [r for r in rows if r["reward"] is not None]
+    graded = [r for r in rows if r.reward is not None]
     return {
         "samples": len(rows),
-        "pass@1": round(sum(r["passed"] for r in graded) / len(graded), 6) if graded else None,
-        "outcomes": dict(Counter(r["outcome"] for r in rows)),
+        "pass@1": round(sum(r.passed for r in graded) / len(graded), 6) if graded else None,
+        "outcomes": dict(Counter(r.outcome.value for r in rows)),
         "outcomes_by_environment": {
-            env: dict(Counter(r["outcome"] for r in rows if r.get("environment", "") == env))
-            for env in sorted({r.get("environment", "") for r in rows})},
+            env: dict(Counter(r.outcome.value for r in rows
+                              if (r.environment or "") == env))
+            for env in sorted({r.environment or "" for r in rows})},
         "excluded": len(rows) - len(graded),
-        "flags": dict(Counter(f for r in rows for f in r["flags"])),
+        "flags": dict(Counter(f for r in rows for f in r.flags)),
         "repeat": repeat,
-        "deterministic": all(r.get("deterministic", True) for r in rows),
-        "nondeterministic_task_ids": [r["task_id"] for r in rows
-                                      if not r.get("deterministic", True)],
+        "deterministic": all(r.deterministic for r in rows),
+        "nondeterministic_task_ids": [r.task_id for r in rows if not r.deterministic],
         **_gap(graded),
-        "canary_tasks": sum(1 for r in rows if r["task_id"] in tasks
-                            and tasks[r["task_id"]].canary),
-        "canary_passes": sum(1 for r in rows if "canary-passed" in r["flags"]),
+        "canary_tasks": sum(1 for r in rows if r.task_id in tasks
+                            and tasks[r.task_id].canary),
+        "canary_passes": sum(1 for r in rows if "canary-passed" in r.flags),
         "wall_s": round(wall, 3),
         "graded_per_s": round(len(rows) * repeat / wall, 2) if wall > 0 else None,
     }
 
 
-def _gap(graded: list[dict[str, Any]]) -> dict[str, float | None]:
+def _gap(graded: list[Verdict]) -> dict[str, float | None]:
     """Pass rates on visible and hidden tests over the graded rows, and the gap: a policy
     that special-cases the tests it can see passes those and fails the hidden ones."""
     def rate(hidden: bool) -> float | None:
-        results = [t["passed"] for r in graded for t in r["tests"] if t["hidden"] is hidden]
+        results = [t.passed for r in graded for t in r.tests if t.hidden is hidden]
         return round(sum(results) / len(results), 6) if results else None
     visible, hidden = rate(False), rate(True)
     gap = round(visible - hidden, 6) if visible is not None and hidden is not None else None

@@ -33,6 +33,7 @@ from trialbox.errors import UsageError
 from trialbox.judge.evaluate import (
     Evaluator,
     Reference,
+    as_sample,
     error_row,
     grade_from_json,
     reward_of,
@@ -40,7 +41,7 @@ from trialbox.judge.evaluate import (
 )
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskContext, TaskSpec
 from trialbox.store.journal import Journal
-from trialbox.types import Grade, Outcome
+from trialbox.types import EvalSample, Grade, Outcome, Sample, Verdict
 
 KIND = "eval"
 
@@ -109,11 +110,11 @@ def open_run(db: str, run_id: str, fingerprint: dict[str, Any],
 
 
 async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator,
-                             samples: Sequence[dict[str, Any] | str], *, repeat: int,
+                             given: Sequence[Sample | dict[str, Any]], *, repeat: int,
                              fingerprint: dict[str, Any], resume: bool = False,
                              max_retries: int = 2,
                              progress: Callable[[int, int], None] | None = None,
-                             ) -> tuple[list[dict[str, Any]], dict[str, Any], EvalRunInfo]:
+                             ) -> tuple[list[Verdict], dict[str, Any], EvalRunInfo]:
     """Grade every sample `repeat` times as scheduler tasks journaled under `run_id` in
     `journal` (from `open_run`, which checked the run against the inputs), then assemble
     the rows (input order) and the summary from the journal. `evaluator.workers`
@@ -124,10 +125,12 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
         raise UsageError("--run must be a non-empty name")
     t0 = time.monotonic()
     info = EvalRunInfo(run_id, resume)
+    samples = [as_sample(s) for s in given]
     problems = [evaluator.check(s) for s in samples]
-    specs = [TaskSpec(attempt_id(i, r, s["task_id"]),
-                      payload={"sample": i, "repeat": r, "task_id": s["task_id"]})
-             for i, s in enumerate(samples) if problems[i] is None and isinstance(s, dict)
+    specs = [TaskSpec(attempt_id(i, r, s.task_id),
+                      payload={"sample": i, "repeat": r, "task_id": s.task_id})
+             for i, s in enumerate(samples)
+             if problems[i] is None and isinstance(s, EvalSample)
              for r in range(repeat)]
     journal.add_run(run_id, {"kind": KIND, "inputs": fingerprint,
                              "attempts": len(specs), "repeat": repeat})
@@ -146,7 +149,7 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
                 return earlier
         payload: dict[str, Any] = ctx.payload  # type: ignore[assignment]
         sample = samples[payload["sample"]]
-        assert isinstance(sample, dict)
+        assert isinstance(sample, EvalSample)
         grade, reference = await evaluator.attempt(sample)
         await ctx.record_grade({"grade": grade, "reference": reference})
         info.graded_now += 1
@@ -166,24 +169,24 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
         await evaluator.close()
     finished = journal.results_of(run_id)
     grades = journal.grades_of(run_id)
-    rows = []
+    rows: list[Verdict] = []
     for i, sample in enumerate(samples):
         problem = problems[i]
         if problem is not None:
             rows.append(error_row(sample, problem))
             continue
-        assert isinstance(sample, dict)
+        assert isinstance(sample, EvalSample)
         attempt_grades: list[Grade] = []
         reference: Reference | None = None
         for r in range(repeat):
-            tid = attempt_id(i, r, sample["task_id"])
+            tid = attempt_id(i, r, sample.task_id)
             state, attempt, _, cause = finished[tid]
             # its last grade: of its final attempt, or of an earlier one whose DONE a
             # crash cut off (the job then returned that grade's reward)
             mine = [a for (t, a) in grades if t == tid and a <= attempt]
             data = grades[(tid, max(mine))] if mine else None
             if data is None:  # timed out or broke before the judge gave a verdict
-                attempt_grades.append(Grade(sample["task_id"], Outcome.INFRA,
+                attempt_grades.append(Grade(sample.task_id, Outcome.INFRA,
                                             message=f"attempt {state} ({cause}) "
                                             "without a grade"))
                 continue

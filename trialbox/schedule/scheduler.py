@@ -638,7 +638,7 @@ class Scheduler:
         requeue: list[TaskRecord] = []
         for st in self.journal.load_run(self.run_id):
             self.known.add(st.task_id)
-            state = TaskState(st.state)
+            state = st.state
             if state in FINAL:
                 continue
             rec = TaskRecord(st.task_id, st.priority, st.payload, st.trace_id, now,

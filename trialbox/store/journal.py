@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trialbox.errors import InfraError, UsageError
+from trialbox.types import TaskState
 
 SCHEMA_VERSION = 1
 APP_ID = 0x7472626A  # "trbj": marks a SQLite file as a trialbox journal
@@ -195,7 +196,7 @@ class StoredTask:
 
     task_id: str
     priority: int
-    state: str
+    state: TaskState
     attempt: int
     infra_failures: int
     preemptions: int
@@ -380,7 +381,13 @@ class Journal:
             if st is None:
                 raise JournalError(f"journal {self.path!r}: task {tid!r} of run {run_id!r} "
                                    "has no transitions (the file was edited or is damaged)")
-            out.append(StoredTask(tid, prio, st.state, st.attempt, st.infra_failures,
+            try:
+                state = TaskState(st.state)
+            except ValueError:
+                raise JournalError(f"journal {self.path!r}: task {tid!r} of run {run_id!r} "
+                                   f"is in an unknown state {st.state!r} (written by "
+                                   "another trialbox version, or edited)") from None
+            out.append(StoredTask(tid, prio, state, st.attempt, st.infra_failures,
                                   st.preemptions, submitted, trace, json.loads(payload),
                                   turns.get(tid, 0)))
         return out

@@ -152,15 +152,15 @@ def reward_curve(result: TrainResult, path: str, title: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [h["step"] for h in result.history]
+    steps = [h.step for h in result.history]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    ax.plot(steps, [h["reward"] for h in result.history], label="mean reward (train)")
-    ax.plot(steps, [h["pass_rate"] for h in result.history], label="pass rate (train)")
-    ax.plot(steps, [h["pass_turn1"] for h in result.history], label="pass at turn 1",
+    ax.plot(steps, [h.reward for h in result.history], label="mean reward (train)")
+    ax.plot(steps, [h.pass_rate for h in result.history], label="pass rate (train)")
+    ax.plot(steps, [h.pass_turn1 for h in result.history], label="pass at turn 1",
             linestyle=":")
     # each step draws 16 new tasks, so one step's pass rate swings: the trend is the
     # mean of the last 5 steps
-    rates = [h["pass_rate"] for h in result.history]
+    rates = [h.pass_rate for h in result.history]
     windows = [rates[max(0, i - 4):i + 1] for i in range(len(rates))]
     trend = [sum(w) / len(w) for w in windows]
     ax.plot(steps, trend, label="pass rate, mean of last 5 steps", linewidth=2.5)

@@ -14,6 +14,7 @@ from trialbox.errors import UsageError
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.train.model import save_model
 from trialbox.train.ppo import VALUE_HEAD_FILE, ValueHead
+from trialbox.types import TrainState
 
 
 class Checkpoint:
@@ -24,7 +25,7 @@ class Checkpoint:
         self.path = os.path.join(out_dir, "checkpoint")
 
     def save(self, model: Any, tok: ByteTokenizer, opt: torch.optim.Optimizer,
-             state: dict[str, Any], head: ValueHead | None = None) -> None:
+             state: TrainState, head: ValueHead | None = None) -> None:
         tmp = self.path + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         save_model(model, tok, tmp)
@@ -32,7 +33,7 @@ class Checkpoint:
         if head is not None:
             torch.save(head.state_dict(), os.path.join(tmp, VALUE_HEAD_FILE))
         with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump(state, f)
+            json.dump(state.to_dict(), f)
         old = self.path + ".old"
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(self.path):
@@ -40,14 +41,14 @@ class Checkpoint:
         os.rename(tmp, self.path)
         shutil.rmtree(old, ignore_errors=True)
 
-    def load_state(self) -> dict[str, Any]:
+    def load_state(self) -> TrainState:
         try:
             with open(os.path.join(self.path, "state.json")) as f:
                 state: dict[str, Any] = json.load(f)
         except FileNotFoundError as e:
             raise UsageError(f"[run] resume = true but {self.path} holds no checkpoint; "
                              "set resume = false to start afresh") from e
-        return state
+        return TrainState.from_dict(state)
 
 
 class MetricsLog:

@@ -32,7 +32,7 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -69,7 +69,7 @@ from trialbox.train.runfiles import Checkpoint, MetricsLog
 from trialbox.train.sft import sft
 from trialbox.train.tasksets import EvalTasks, TaskSets, sft_pair, task_sets
 from trialbox.train.update import UpdateStats, policy_step
-from trialbox.types import Outcome, Task, Trajectory
+from trialbox.types import Outcome, StepSummary, Task, TrainState, Trajectory
 
 Progress = Callable[[str, dict[str, Any]], None]
 """(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop",
@@ -84,7 +84,7 @@ class TrainResult:
     pass_after: float | None
     stopped: str = ""
     """Why training stopped early ("" when it ran every step)."""
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[StepSummary] = field(default_factory=list)
     sft_seconds: float = 0.0
     wall_s: float = 0.0
     eval_before: dict[str, Any] | None = None
@@ -384,14 +384,13 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
         torch.set_num_threads(run.threads)
     ckpt = Checkpoint(run.out_dir)
     tok = ByteTokenizer()
-    state: dict[str, Any] = {"step": 0, "pass_before": None, "bad_in_a_row": 0,
-                             "history": []}
+    state = TrainState()
     model: Any
     if run.resume:
         state = ckpt.load_state()
-        if state["step"] >= g.steps:
+        if state.step >= g.steps:
             raise UsageError(f"--resume: nothing to resume, the run in {run.out_dir} has "
-                             f"done all {state['step']} of its [grpo] steps; raise [grpo] "
+                             f"done all {state.step} of its [grpo] steps; raise [grpo] "
                              "steps to train further, or drop --resume to start afresh")
         model, _ = load_model(ckpt.path)
     elif config.model.path:
@@ -401,7 +400,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
     model.to(device)
     os.makedirs(run.out_dir, exist_ok=True)  # every check passed: the first write
     log = MetricsLog(run.out_dir, append=run.resume,
-                     keep_through=state["step"] if run.resume else None)
+                     keep_through=state.step if run.resume else None)
     if use_journal and not run.resume and not run.journal:
         journaled.remove_journal(journal_file)  # a fresh run replaces its directory's
     own_pool = pool is None
@@ -447,14 +446,13 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
         if not run.resume and evals is not None:
             before = await evaluate_pass1(policy, config, pool, evals, grader)
-            state["pass_before"] = before["pass1"]
-            state["eval_before"] = before
+            state = replace(state, pass_before=before["pass1"], eval_before=before)
             log.write("eval", 0, {"when": 0, **before})
             say("eval", {"when": "before", **before})
         if not run.resume:  # step 0: a crash from here on resumes (SFT and eval done)
             ckpt.save(model, tok, opt, state, head)
-        result.pass_before = state["pass_before"]
-        result.eval_before = state.get("eval_before")
+        result.pass_before = state.pass_before
+        result.eval_before = state.eval_before
 
         # ---- GRPO ---------------------------------------------------------------------
         agent = agent_config(config)
@@ -503,20 +501,20 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
 
         # the update, chosen once: GRPO (group advantages) or PPO (value head + GAE)
         history = [eps.step_trajectories(s, sets.train_step(s))
-                   for s in range(state["step"])] if eps is not None and run.resume \
+                   for s in range(state.step)] if eps is not None and run.resume \
             and g.replay and g.algorithm is Algorithm.GRPO else None
         update = make_update(config, model, opt, head=head, ref=ref, pad_id=tok.pad_id,
                              device=device, history=history)
 
         batches: Batches = AsyncBatches(
-            launch, first=state["step"], steps=g.steps,
+            launch, first=state.step, steps=g.steps,
             max_staleness=config.rollout.max_staleness) if asynchronous \
             else SyncBatches(launch)
         batches.start()
         clock.lap()
         try:
-            while state["step"] < g.steps:
-                step = state["step"]
+            while state.step < g.steps:
+                step = state.step
                 t0 = time.monotonic()
 
                 # One trace per iteration: its episodes (model output, sandbox runs,
@@ -544,33 +542,32 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 # log
                 record = step_record(got, upd, t0=t0, t_rollout=t_rollout,
                                      t_update=t_update, lap=clock.lap(), ppo=head is not None)
-                state["step"] = step + 1
+                state = replace(state, step=step + 1)
                 scalars = {k: float(record[k]) for k in ("pass_rate", "loss", "kl")
                            if isinstance(record[k], (int, float))
                            and math.isfinite(record[k])}
                 telemetry.record_train_step(run_id, step + 1, reward_mean=record["reward"],
                                             **scalars)
                 if upd.skipped:
-                    state["bad_in_a_row"] += 1
+                    state = replace(state, bad_in_a_row=state.bad_in_a_row + 1)
                     record["skipped"] = "non-finite loss"
                     log.write("skip", step + 1, record)
                     say("skip", {"step": step + 1, **record})
-                    if state["bad_in_a_row"] >= g.max_bad_steps:
-                        result.stopped = (f"{state['bad_in_a_row']} steps in a row had a "
+                    if state.bad_in_a_row >= g.max_bad_steps:
+                        result.stopped = (f"{state.bad_in_a_row} steps in a row had a "
                                           "non-finite loss (max_bad_steps = "
                                           f"{g.max_bad_steps})")
                         say("stop", {"reason": result.stopped})
                         break
                 else:
-                    state["bad_in_a_row"] = 0
+                    state = replace(state, bad_in_a_row=0)
                     log.write("step", step + 1, record)
                     say("step", {"step": step + 1, "steps": g.steps, **record})
-                state["history"].append({"step": step + 1, "reward": record["reward"],
-                                         "pass_rate": record["pass_rate"],
-                                         "pass_turn1": record["pass_turn1"]})
+                state = replace(state, history=(*state.history, StepSummary(
+                    step + 1, record["reward"], record["pass_rate"], record["pass_turn1"])))
 
                 # checkpoint (async: the batches in flight are not saved; see pipeline.py)
-                if state["step"] % run.checkpoint_every == 0 or state["step"] == g.steps:
+                if state.step % run.checkpoint_every == 0 or state.step == g.steps:
                     ckpt.save(model, tok, opt, state, head)
         finally:
             await batches.aclose()
@@ -582,7 +579,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                 journal.close()
 
         # ---- the end: held-out pass@1 again, the final model ---------------------------
-        result.steps_done = state["step"]
+        result.steps_done = state.step
         if evals is not None:
             if eps is not None:
                 policy.generator.manual_seed(run.seed * 1_000_003 + g.steps + 999_983)
@@ -592,13 +589,13 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             if result.eval_before is not None:
                 result.rise = rise_ci(result.eval_before, after)
                 after = {**after, "rise_ci95": list(result.rise)}
-            log.write("eval", state["step"], {"when": state["step"], **after})
+            log.write("eval", state.step, {"when": state.step, **after})
             say("eval", {"when": "after", **after})
         save_model(model, tok, os.path.join(run.out_dir, "final"))
         if head is not None:
             torch.save(head.state_dict(), os.path.join(run.out_dir, "final",
                                                        VALUE_HEAD_FILE))
-        result.history = list(state["history"])
+        result.history = list(state.history)
         result.wall_s = time.monotonic() - t_start
         with open(os.path.join(run.out_dir, "config.json"), "w") as f:
             json.dump(asdict(config), f, default=str, indent=1)
