@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import resource
 import statistics
@@ -35,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+from trialbox.bench import report
 from trialbox.errors import Unavailable
 from trialbox.sandbox.capacity import derive_capacity
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -55,8 +55,7 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--park", action="store_true",
                    help="park each session after its command (it keeps its files, hands "
                    "its cell back): the cost of a session while the model thinks")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -247,34 +246,35 @@ async def run_density(n: int, concurrency: int = 32, extra: int = 32,
     return out
 
 
+def render(out: dict[str, Any]) -> str:
+    """The summary for people: sessions, memory and descriptors each, capacity."""
+    lines: list[str] = []
+    m = out["memory_per_session_mib"]
+    q = out["queue"]
+    lines.append(f"{out['live']:,}/{out['sessions']:,} sessions live, {out['failed']} failed; "
+                 f"opened+ran in {out['open_and_run_s']} s (p50 {out['open_and_run_ms']['p50']} "
+                 f"ms each at {out['concurrency']} at once)")
+    lines.append(f"host memory per live session: {m['pss_kernel']} MiB (cells' PSS "
+                 f"{m['cells_pss']} + kernel {m['kernel']} + supervisor RSS "
+                 f"{m['supervisor_rss']}); MemAvailable drop {m['memavailable']} MiB; "
+                 f"cgroup charge {m['cgroup']} MiB; "
+                 f"{out['fds_per_session']} descriptors each (RLIMIT_NOFILE {out['fd_limit']:,})")
+    d = out["derived_capacity"]
+    lines.append(f"derived node capacity: {d['sessions']:,} sessions ({d['limit']}: "
+                 f"{d['bounds']})")
+    if q.get("extra"):
+        lines.append(f"past capacity: {q.get('waiting_after_0.5s')}/{q['extra']} waiting, "
+                     f"{q.get('started_while_full')} started while full, served "
+                     f"{q.get('served_after_close_s')} s after as many closed, "
+                     f"{len(q.get('failed', []))} failed; a short deadline: "
+                     f"{(q.get('deadline_error') or 'NO ERROR')[:100]}")
+    lines.append(f"closed in {out['close_s']} s; {'OK' if out['ok'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
 def main(args: argparse.Namespace) -> int:
     out = asyncio.run(run_density(args.sessions, args.concurrency, args.extra, args.park))
-    text = json.dumps(out, indent=2)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    if args.json:
-        print(text)
-    else:
-        m = out["memory_per_session_mib"]
-        q = out["queue"]
-        print(f"{out['live']:,}/{out['sessions']:,} sessions live, {out['failed']} failed; "
-              f"opened+ran in {out['open_and_run_s']} s (p50 {out['open_and_run_ms']['p50']} "
-              f"ms each at {out['concurrency']} at once)")
-        print(f"host memory per live session: {m['pss_kernel']} MiB (cells' PSS "
-              f"{m['cells_pss']} + kernel {m['kernel']} + supervisor RSS "
-              f"{m['supervisor_rss']}); MemAvailable drop {m['memavailable']} MiB; "
-              f"cgroup charge {m['cgroup']} MiB; "
-              f"{out['fds_per_session']} descriptors each (RLIMIT_NOFILE {out['fd_limit']:,})")
-        d = out["derived_capacity"]
-        print(f"derived node capacity: {d['sessions']:,} sessions ({d['limit']}: {d['bounds']})")
-        if q.get("extra"):
-            print(f"past capacity: {q.get('waiting_after_0.5s')}/{q['extra']} waiting, "
-                  f"{q.get('started_while_full')} started while full, served "
-                  f"{q.get('served_after_close_s')} s after as many closed, "
-                  f"{len(q.get('failed', []))} failed; a short deadline: "
-                  f"{(q.get('deadline_error') or 'NO ERROR')[:100]}")
-        print(f"closed in {out['close_s']} s; {'OK' if out['ok'] else 'FAILED'}")
+    report.emit(out, args, render(out))
     if not out["ok"]:
         print(f"density: FAILED: {out['errors'] or out['queue']}", file=sys.stderr)
     return 0 if out["ok"] else 1

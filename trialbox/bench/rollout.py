@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import time
 from dataclasses import replace
 from typing import Any
 
-from trialbox.bench.sandbox import _fmt, machine_info, median, notes_and_problems
+from trialbox.bench import report
 from trialbox.errors import UsageError
 from trialbox.rollout.agent import AgentConfig, RolloutBatch, rollout
 from trialbox.types import Task, TaskKind, TestCase
@@ -41,7 +40,6 @@ SYSTEMS = ("batched", "per-episode")
 def add_parser(bsub: Any) -> None:
     p = bsub.add_parser("rollout", help="agent-loop throughput: batched generation across "
                         "episodes vs one generate call per episode")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--tasks", type=int, default=4, help="function tasks (4, at most 4)")
     p.add_argument("--group", type=int, default=4, help="episodes per task (4)")
     p.add_argument("--turns", type=int, default=2, help="turns per episode (2)")
@@ -49,7 +47,7 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per system (3)")
     p.add_argument("--layers", type=int, default=2, help="model layers (2)")
     p.add_argument("--width", type=int, default=64, help="model width (64)")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -133,7 +131,7 @@ async def _run(p: dict[str, Any], pool: Any = None) -> dict[str, Any]:
         if own_pool:
             await pool.close()
     same = tokens.get("batched") == tokens.get("per-episode")
-    med = {name: {k: median([x[k] for x in runs[name]]) for k in runs[name][0]}
+    med = {name: {k: report.median([x[k] for x in runs[name]]) for k in runs[name][0]}
            for name in SYSTEMS}
     notes = [
         "Greedy decoding: both systems generate the same tokens, so they run and judge "
@@ -161,7 +159,7 @@ def render_table(res: dict[str, Any]) -> str:
         (f"{p['tasks']} tasks x {p['group']} episodes x {p['turns']} turns, "
          f"{p['max_new_tokens']} new tokens per turn, GPT-2-shaped {p['layers']}x"
          f"{p['width']} model (CPU, greedy); median of {p['rounds']} rounds; load "
-         f"average {_fmt(m.get('loadavg_start', [math.nan])[0])} at start"),
+         f"average {report.fmt(m.get('loadavg_start', [math.nan])[0])} at start"),
         "",
         f"{'':<36}{'batched':>{w}}{'per-episode':>{w}}{'ratio':>10}",
     ]
@@ -170,8 +168,8 @@ def render_table(res: dict[str, Any]) -> str:
             ratio: bool = True) -> None:
         a, bb = b[key], e[key]
         rt = (bb / a if invert else a / bb) if a and bb and ratio else math.nan
-        lines.append(f"{name:<36}{_fmt(a, nd):>{w}}{_fmt(bb, nd):>{w}}"
-                     f"{(_fmt(rt) + 'x') if math.isfinite(rt) else '-':>10}")
+        lines.append(f"{name:<36}{report.fmt(a, nd):>{w}}{report.fmt(bb, nd):>{w}}"
+                     f"{(report.fmt(rt) + 'x') if math.isfinite(rt) else '-':>10}")
 
     row("wall time, s", "wall_s", invert=True)
     row("episodes/s", "episodes_per_s")
@@ -181,21 +179,15 @@ def render_table(res: dict[str, Any]) -> str:
     row("time in generate, s", "gen_s", invert=True)
     row("wall with a turn in the env, s", "env_wall_s", invert=True)
     row("policy idle share", "policy_idle_share", 3, ratio=False)
-    return "\n".join(lines + notes_and_problems(res))
+    return "\n".join(lines + report.notes_and_problems(res))
 
 
 def main(args: argparse.Namespace) -> int:
     p = _check(args)
-    machine = machine_info()
+    machine = report.machine_info()
     t0 = time.monotonic()
     res = asyncio.run(_run(p))
     res["machine"] = machine
     res["duration_s"] = round(time.monotonic() - t0, 1)
-    print(render_table(res), flush=True)
-    clean = json.loads(json.dumps(res, default=str))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps(clean, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(clean, separators=(",", ":")), flush=True)
+    report.emit(res, args, render_table(res))
     return 0 if not res["problems"] else 1

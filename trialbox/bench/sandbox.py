@@ -63,22 +63,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import gc
-import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trialbox.bench.report import (
+    emit,
+    machine_info,
+    median,
+    notes_and_problems,
+    percentile,
+)
+from trialbox.bench.report import fmt as _fmt
+from trialbox.bench.report import fmt_x as _fmt_x
+from trialbox.bench.report import log as _log
+from trialbox.bench.report import met as _met
+from trialbox.bench.report import ratio as _ratio
+from trialbox.bench.report import rounded as _r
+from trialbox.bench.report import wrap as _wrap
 from trialbox.errors import UsageError
 
 SNIPPET_START = "import time; print(time.monotonic_ns())"
@@ -100,8 +110,6 @@ GOAL_THROUGHPUT_X = 2.0
 CALL_TIMEOUT_S = 30.0
 SMALL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/workspace",
              "LANG": "C.UTF-8"}
-
-TABLE_WIDTH = 110  # the table's lines (not the machine line) fit in this many columns
 
 ISOLATION = {
     "trialbox": "namespace tier, one session per worker. Per session, a cell from the warm "
@@ -151,34 +159,6 @@ def parse_levels(text: str) -> list[int]:
     if not levels:
         raise UsageError("--concurrency needs at least one level, e.g. 1,2,4,8")
     return levels
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between closest ranks."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def median(values: Sequence[float]) -> float:
-    return percentile(values, 50.0)
-
-
-def _r(x: float, nd: int = 3) -> float | None:
-    """Round for JSON; NaN/inf (no data) become null."""
-    return round(x, nd) if math.isfinite(x) else None
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 and math.isfinite(a) and math.isfinite(b) else math.nan
-
-
-def _log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -545,70 +525,6 @@ async def measure_throughput(systems: dict[str, System], levels: list[int],
 
 # ------------------------------------------------------------------ report
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def machine_info() -> dict[str, Any]:
-    model = ""
-    for line in _read("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    mem_kb = 0
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            mem_kb = int(line.split()[1])
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 0
-    return {
-        "nproc": usable, "cpu_count": os.cpu_count(), "cpu_model": model,
-        "memory_gib": round(mem_kb / (1 << 20), 1),
-        "kernel": platform.release(), "os": platform.platform(),
-        "python": platform.python_version(),
-        "python_impl": platform.python_implementation(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "loadavg_start": list(os.getloadavg()),
-        "sched_autogroup": {"1": "on", "0": "off"}.get(
-            _read("/proc/sys/kernel/sched_autogroup_enabled").strip(), "unknown"),
-    }
-
-
-def _fmt(x: Any, nd: int = 2) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:.{nd}f}"
-
-
-def _fmt_x(x: Any) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def _met(met: bool | None) -> str:
-    return "NOT MEASURED" if met is None else "MET" if met else "MISSED"
-
-
-def _wrap(text: str, first: str, rest: str) -> list[str]:
-    return textwrap.wrap(text, TABLE_WIDTH, initial_indent=first, subsequent_indent=rest,
-                         break_on_hyphens=False, break_long_words=False)
-
-
-def notes_and_problems(res: dict[str, Any]) -> list[str]:
-    """The closing lines every benchmark table shares: its notes, then any problems."""
-    lines = ["", "Notes:"]
-    for n in res["notes"]:
-        lines += _wrap(n, " - ", "   ")
-    if res["problems"]:
-        lines += ["", "PROBLEMS:"] + [f" ! {x}" for x in res["problems"]]
-    return lines
-
-
 def _key(name: str) -> str:
     """'trialbox-1shot' -> 'trialbox_1shot', as the system appears in ratio keys."""
     return name.replace("-", "_")
@@ -898,11 +814,5 @@ def main(args: argparse.Namespace) -> int:
         machine["child_watcher"] = watcher
         res = asyncio.run(_run(params, machine))
     res["duration_s"] = round(time.monotonic() - t0, 1)
-    print(render_table(res), flush=True)
-    blob = json.dumps(res, separators=(",", ":"), allow_nan=False)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps(res, indent=2, allow_nan=False) + "\n")
-    if args.json:
-        print(blob, flush=True)
+    emit(res, args, render_table(res))
     return 0 if res["ok"] else 1

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import math
 import os
 import random
@@ -60,16 +59,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from trialbox.bench.sandbox import (
-    _fmt,
-    _log,
-    _met,
-    _r,
-    _ratio,
-    _wrap,
-    machine_info,
-    percentile,
-)
+from trialbox.bench import report
 from trialbox.errors import UsageError
 from trialbox.rollout.agent import AgentConfig, Episodes
 from trialbox.rollout.policy import ScriptedPolicy
@@ -108,7 +98,6 @@ SIM_CAPACITY = Capacity(cpus=1e6, memory_mb=1 << 40, disk_mb=1 << 40)
 def add_parser(bsub: Any) -> None:
     p = bsub.add_parser("scheduler", help="scheduler overhead at 10,000 simulated tasks vs "
                         "an asyncio.Semaphore + gather baseline")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--tasks", type=int, default=10_000, help="simulated tasks (10000)")
     p.add_argument("--active", type=int, default=1000, help="episodes at once (1000)")
     p.add_argument("--turns", type=int, default=3, help="turns per episode (3)")
@@ -116,7 +105,7 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--exec-ms", type=float, default=20.0, help="sandbox sleep per run (20)")
     p.add_argument("--agent-tasks", type=int, default=None,
                    help="episodes through the real agent loop (default: --tasks)")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -177,8 +166,8 @@ async def run_scheduler(sim: Sim, n: int, active: int, tmp: str) -> dict[str, An
     leased = sched.leaser.stats.leased_s
     return {"cpu_s": cpu, "wall_s": wall, "transitions": sched.stats.transitions,
             "done": sched.stats.finals.get("done", 0), "commits": journal.commits,
-            "dispatch_p50_ms": percentile(lat, 50) * 1e3,
-            "dispatch_p99_ms": percentile(lat, 99) * 1e3,
+            "dispatch_p50_ms": report.percentile(lat, 50) * 1e3,
+            "dispatch_p99_ms": report.percentile(lat, 99) * 1e3,
             "leased_s": leased, "busy_s": sim.busy_s,
             "idle_fraction": 1 - sim.busy_s / leased if leased else math.nan,
             "sessions": sim.opened}
@@ -217,8 +206,8 @@ async def run_baseline(sim: Sim, n: int, active: int) -> dict[str, Any]:
     await asyncio.gather(*(episode(i) for i in range(n)))
     cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
     return {"cpu_s": cpu, "wall_s": wall, "done": done,
-            "dispatch_p50_ms": percentile(lat, 50) * 1e3,
-            "dispatch_p99_ms": percentile(lat, 99) * 1e3,
+            "dispatch_p50_ms": report.percentile(lat, 50) * 1e3,
+            "dispatch_p99_ms": report.percentile(lat, 99) * 1e3,
             "leased_s": leased, "busy_s": sim.busy_s,
             "idle_fraction": 1 - sim.busy_s / leased if leased else math.nan}
 
@@ -376,8 +365,8 @@ async def priority_scheduler(sim: Sim, active: int, lows: int, highs: int, waves
     journal.close()
     high_wait = [d - q for q, d, t in events if t == 0]
     return {"inversions": count_inversions(events), "preemptions": sched.stats.preemptions,
-            "high_wait_p50_ms": percentile(high_wait, 50) * 1e3,
-            "high_wait_p99_ms": percentile(high_wait, 99) * 1e3,
+            "high_wait_p50_ms": report.percentile(high_wait, 50) * 1e3,
+            "high_wait_p99_ms": report.percentile(high_wait, 99) * 1e3,
             "done": sched.stats.finals.get("done", 0), "finals": dict(sched.stats.finals)}
 
 
@@ -402,8 +391,8 @@ async def priority_baseline(sim: Sim, active: int, lows: int, highs: int,
     await asyncio.gather(*tasks)
     high_wait = [d - q for q, d, t in events if t == 0]
     return {"inversions": count_inversions(events), "preemptions": 0,
-            "high_wait_p50_ms": percentile(high_wait, 50) * 1e3,
-            "high_wait_p99_ms": percentile(high_wait, 99) * 1e3, "done": len(events)}
+            "high_wait_p50_ms": report.percentile(high_wait, 50) * 1e3,
+            "high_wait_p99_ms": report.percentile(high_wait, 99) * 1e3, "done": len(events)}
 
 
 # ------------------------------------------------------------------ report
@@ -417,16 +406,16 @@ def render_table(res: dict[str, Any]) -> str:
          f"{m['memory_gib']} GiB, Python {m['python']}, {m['date']}"),
         (f"{p['tasks']} tasks, {p['active']} at once, {p['turns']} turns of "
          f"{p['think_ms']} ms think + {p['exec_ms']} ms sandbox each; load average "
-         f"{_fmt(m['loadavg_start'][0])} at start"),
+         f"{report.fmt(m['loadavg_start'][0])} at start"),
         "",
         f"{'':<34}{'scheduler':>{w}}{'baseline':>{w}}{'ratio':>12}",
     ]
 
     def row(name: str, a: Any, bb: Any, nd: int = 2, ratio: bool = True) -> None:
-        rt = _ratio(a, bb) if ratio and isinstance(a, float) and isinstance(bb, float) \
+        rt = report.ratio(a, bb) if ratio and isinstance(a, float) and isinstance(bb, float) \
             else math.nan
-        lines.append(f"{name:<34}{_fmt(a, nd):>{w}}{_fmt(bb, nd):>{w}}"
-                     f"{(_fmt(rt) + 'x') if math.isfinite(rt) else '-':>12}")
+        lines.append(f"{name:<34}{report.fmt(a, nd):>{w}}{report.fmt(bb, nd):>{w}}"
+                     f"{(report.fmt(rt) + 'x') if math.isfinite(rt) else '-':>12}")
 
     row("wall time, s", s["wall_s"], b["wall_s"])
     row("process CPU, s", s["cpu_s"], b["cpu_s"])
@@ -457,17 +446,17 @@ def render_table(res: dict[str, Any]) -> str:
         ag["baseline"]["bytes_per_episode"], 0)
     g = res["goals"]
     lines += ["", "Goals:",
-              f"  overhead per transition {_fmt(res['us_per_transition'], 1)} µs "
-              f"(≤ {GOAL_US_PER_TRANSITION:.0f})  {_met(g['us_per_transition'])}",
-              f"  memory per queued task {_fmt(res['memory']['scheduler_bytes'], 0)} B "
-              f"(≤ {GOAL_BYTES_PER_QUEUED})  {_met(g['bytes_per_queued'])}",
+              f"  overhead per transition {report.fmt(res['us_per_transition'], 1)} µs "
+              f"(≤ {GOAL_US_PER_TRANSITION:.0f})  {report.met(g['us_per_transition'])}",
+              f"  memory per queued task {report.fmt(res['memory']['scheduler_bytes'], 0)} B "
+              f"(≤ {GOAL_BYTES_PER_QUEUED})  {report.met(g['bytes_per_queued'])}",
               f"  priority inversions {pr['scheduler']['inversions']} (0)  "
-              f"{_met(g['no_inversion'])}",
-              f"  agent loop overhead per transition {_fmt(ag['us_per_transition'], 1)} µs "
-              f"(≤ {GOAL_US_PER_TRANSITION:.0f})  {_met(g['agent_us_per_transition'])}",
+              f"{report.met(g['no_inversion'])}",
+              f"  agent loop overhead per transition {report.fmt(ag['us_per_transition'], 1)} µs "
+              f"(≤ {GOAL_US_PER_TRANSITION:.0f})  {report.met(g['agent_us_per_transition'])}",
               "", "Notes:"]
     for n in res["notes"]:
-        lines += _wrap(n, " - ", "   ")
+        lines += report.wrap(n, " - ", "   ")
     if res["problems"]:
         lines += ["", "PROBLEMS:"] + [f" ! {x}" for x in res["problems"]]
     return "\n".join(lines)
@@ -477,23 +466,23 @@ async def _run(p: dict[str, Any]) -> dict[str, Any]:
     n, active, turns = p["tasks"], p["active"], p["turns"]
     think, exe = p["think_ms"] / 1e3, p["exec_ms"] / 1e3
     with tempfile.TemporaryDirectory(prefix="trialbox-bench-sched-") as tmp:
-        _log(f"memory: {n} queued tasks")
+        report.log(f"memory: {n} queued tasks")
         mem_s = await memory_scheduler(n, tmp)
         mem_b = await memory_baseline(n)
-        _log("baseline: semaphore + gather")
+        report.log("baseline: semaphore + gather")
         base = await run_baseline(Sim(turns, think, exe), n, active)
-        _log("scheduler")
+        report.log("scheduler")
         sched = await run_scheduler(Sim(turns, think, exe), n, active, tmp)
         lows, highs = max(2 * active, 10), 4 * max(active // 20, 1)
-        _log(f"priorities: {lows} low, {highs} high in 4 waves")
+        report.log(f"priorities: {lows} low, {highs} high in 4 waves")
         prio_s = await priority_scheduler(Sim(turns, think, exe), active, lows, highs, 4, tmp)
         prio_b = await priority_baseline(Sim(turns, think, exe), active, lows, highs, 4)
         na = p["agent_tasks"]
-        _log(f"the real agent loop: {na} episodes, semaphore + gather")
+        report.log(f"the real agent loop: {na} episodes, semaphore + gather")
         agent_b = await agent_loop("baseline", na, active, exe, tmp)
-        _log(f"the real agent loop: {na} episodes as scheduler tasks")
+        report.log(f"the real agent loop: {na} episodes as scheduler tasks")
         agent_s = await agent_loop("scheduler", na, active, exe, tmp)
-        _log(f"the real agent loop: memory with {active} episodes in flight")
+        report.log(f"the real agent loop: memory with {active} episodes in flight")
         agent_s["bytes_per_episode"] = (await agent_loop(
             "scheduler", active, active, exe, tmp, trace=True))["bytes_per_episode"]
         agent_b["bytes_per_episode"] = (await agent_loop(
@@ -561,27 +550,10 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(args: argparse.Namespace, run: Callable[..., Any] = asyncio.run) -> int:
     p = _check(args)
-    machine = machine_info()
+    machine = report.machine_info()
     t0 = time.monotonic()
     res = run(_run(p))
     res["machine"] = machine
     res["duration_s"] = round(time.monotonic() - t0, 1)
-    print(render_table(res), flush=True)
-    clean = json.loads(json.dumps(res, default=str), parse_constant=lambda c: None)
-    clean = _round(clean)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps(clean, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(clean, separators=(",", ":")), flush=True)
+    report.emit(res, args, render_table(res), nd=4)
     return 0 if not res["problems"] else 1
-
-
-def _round(x: Any) -> Any:
-    if isinstance(x, float):
-        return _r(x, 4)
-    if isinstance(x, dict):
-        return {k: _round(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_round(v) for v in x]
-    return x

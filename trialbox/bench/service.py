@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import resource
@@ -56,8 +55,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from trialbox.bench.sandbox import _wrap, machine_info, notes_and_problems
-from trialbox.bench.sandbox import percentile as pct
+from trialbox.bench import report
 from trialbox.errors import UsageError
 
 PYTHON = "/usr/bin/python3"
@@ -451,11 +449,11 @@ async def drive(server: ServerProcess, clients: int, seconds: float) -> dict[str
             "http": dict(sorted(t.http.items())), "dropped": t.dropped,
             "unexplained_5xx": t.unexplained_5xx, "refused_retry_after": t.refused,
             "verdicts_right": t.right, "verdicts_wrong": dict(t.wrong),
-            "p50_ms": round(pct(lat, 50), 1) if lat else None,
-            "p99_ms": round(pct(lat, 99), 1) if lat else None,
+            "p50_ms": round(report.percentile(lat, 50), 1) if lat else None,
+            "p99_ms": round(report.percentile(lat, 99), 1) if lat else None,
             "max_ms": round(max(lat), 1) if lat else None,
-            "good_p50_ms": round(pct(t.good_ms, 50), 1) if t.good_ms else None,
-            "good_p99_ms": round(pct(t.good_ms, 99), 1) if t.good_ms else None,
+            "good_p50_ms": round(report.percentile(t.good_ms, 50), 1) if t.good_ms else None,
+            "good_p99_ms": round(report.percentile(t.good_ms, 99), 1) if t.good_ms else None,
             "sandbox_errors": t.sandbox_errors,
             "server_peak_rss_mib": round(server.peak_rss_kib() / 1024, 1),
             "tree_peak_pss_mib": round(peak_tree / 1024, 1),
@@ -486,7 +484,7 @@ def render_table(res: dict[str, Any]) -> str:
             f"{r['server_peak_rss_mib']:>9.1f}{r['tree_peak_pss_mib']:>10.1f}")
     lines.append("")
     for name, r in res["systems"].items():
-        lines += _wrap(f"{name}: HTTP {r['http']}; SandboxError answers "
+        lines += report.wrap(f"{name}: HTTP {r['http']}; SandboxError answers "
                        f"{r['sandbox_errors']}; wrong verdicts by program "
                        f"{r['verdicts_wrong'] or '{}'}; good programs only: p50 "
                        f"{r['good_p50_ms']} ms, p99 {r['good_p99_ms']} ms", "   ", "     ")
@@ -496,7 +494,7 @@ def render_table(res: dict[str, Any]) -> str:
                      f"{ratios['p50']:.2f}x, p99 {ratios['p99']:.2f}x")
     lines.append(f"   goal: zero dropped and zero 5xx without a reason (trialbox) — "
                  f"{'MET' if res['ok'] else 'MISSED'}")
-    return "\n".join(lines + notes_and_problems(res))
+    return "\n".join(lines + report.notes_and_problems(res))
 
 
 async def _run(params: dict[str, Any]) -> dict[str, Any]:
@@ -556,15 +554,10 @@ def main(args: argparse.Namespace) -> int:
     if not 1 <= plain_workers <= 256:
         raise UsageError(f"--plain-workers must be between 1 and 256, got {plain_workers}")
     params = {"clients": clients, "seconds": seconds, "plain_workers": plain_workers}
-    machine = machine_info()
+    machine = report.machine_info()
     res = asyncio.run(_run(params))
     res["machine"] = machine
-    print(render_table(res), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps(res, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(res, separators=(",", ":")), flush=True)
+    report.emit(res, args, render_table(res))
     return 0 if res["ok"] else 1
 
 
@@ -577,8 +570,7 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--plain-workers", type=int, default=None,
                    help="programs the plain baseline runs at once (default 8, as "
                    "trialbox serve)")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
 
 
 if __name__ == "__main__":

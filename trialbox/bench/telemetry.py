@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from trialbox.bench import report
 from trialbox.telemetry import tracing
 from trialbox.telemetry.instrument import record_exec
 from trialbox.telemetry.metrics import use_metrics
@@ -32,8 +32,7 @@ def add_parser(bsub: Any) -> None:
                         "the undecorated exec")
     p.add_argument("--runs", type=int, default=300, help="sandbox runs per variant (300)")
     p.add_argument("--blocks", type=int, default=10, help="interleaved blocks (10)")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -118,26 +117,26 @@ async def runs(n: int, blocks: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def main(args: argparse.Namespace) -> int:
-    m = micro()
-    r = asyncio.run(runs(args.runs, args.blocks))
-    results = {"micro_us": m, "runs": r}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return 0
-    print("telemetry overhead (µs per call; medians)")
-    print(f"  {'empty loop iteration':<34}{m['empty_loop_us']:>9.3f}")
-    print(f"  {'record_exec (counter+histogram)':<34}{m['record_exec_us']:>9.3f}")
-    print(f"  {'span() while tracing is off':<34}{m['span_disabled_us']:>9.3f}")
-    print(f"  {'span() with a listener':<34}{m['span_enabled_us']:>9.3f}")
-    print()
-    print(f"sandbox runs of print(1), one session, {args.blocks} interleaved blocks")
-    print(f"  {'variant':<14}{'runs':>6}{'median µs':>12}{'p95 µs':>10}{'Δ µs':>9}{'ratio':>8}")
+def render(results: dict[str, Any], blocks: int) -> str:
+    """The overheads for people: per call, then per sandbox run."""
+    m, r = results["micro_us"], results["runs"]
+    lines = ["telemetry overhead (µs per call; medians)",
+             f"  {'empty loop iteration':<34}{m['empty_loop_us']:>9.3f}",
+             f"  {'record_exec (counter+histogram)':<34}{m['record_exec_us']:>9.3f}",
+             f"  {'span() while tracing is off':<34}{m['span_disabled_us']:>9.3f}",
+             f"  {'span() with a listener':<34}{m['span_enabled_us']:>9.3f}",
+             "",
+             f"sandbox runs of print(1), one session, {blocks} interleaved blocks",
+             f"  {'variant':<14}{'runs':>6}{'median µs':>12}{'p95 µs':>10}{'Δ µs':>9}"
+             f"{'ratio':>8}"]
     for name, v in r.items():
-        print(f"  {name:<14}{v['runs']:>6}{v['median_us']:>12.1f}{v['p95_us']:>10.1f}"
-              f"{v['delta_us']:>9.1f}{v['ratio']:>8.3f}")
-    print("  baseline = NamespaceSandbox.exec undecorated (no metrics, no span)")
+        lines.append(f"  {name:<14}{v['runs']:>6}{v['median_us']:>12.1f}{v['p95_us']:>10.1f}"
+                     f"{v['delta_us']:>9.1f}{v['ratio']:>8.3f}")
+    lines.append("  baseline = NamespaceSandbox.exec undecorated (no metrics, no span)")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    results = {"micro_us": micro(), "runs": asyncio.run(runs(args.runs, args.blocks))}
+    report.emit(results, args, render(results, args.blocks))
     return 0

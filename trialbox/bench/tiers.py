@@ -36,7 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trialbox.bench.sandbox import machine_info, parse_levels, percentile
+from trialbox.bench.report import machine_info, percentile
+from trialbox.bench.sandbox import parse_levels
 from trialbox.errors import UsageError
 from trialbox.types import Limits
 
@@ -159,7 +160,7 @@ async def throughput(provider: Any, level: int, seconds: float, warm: bool
 
 async def bench_tier(tier: str, runs: int, levels: list[int], seconds: float
                      ) -> dict[str, Any]:
-    from trialbox.bench.sandbox import _log
+    from trialbox.bench.report import log as _log
     _log(f"{tier}: cold starts")
     res: dict[str, Any] = {"cold": await cold_starts(tier, COLD_SAMPLES)}
     provider = _provider(tier, warm=max(levels))

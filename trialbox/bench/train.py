@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -72,7 +71,7 @@ import time
 import warnings
 from typing import Any
 
-from trialbox.bench.sandbox import machine_info
+from trialbox.bench import report
 from trialbox.errors import UsageError
 
 SYSTEMS = ("trialbox", "trialbox_direct", "trialbox_async", "trl")
@@ -83,7 +82,6 @@ def add_parser(bsub: Any) -> None:
     p = bsub.add_parser("train", help="single-turn GRPO episodes/s, tokens/s and policy "
                         "wait on the demo model: trialbox's trainer (sync, async) vs TRL's "
                         "GRPOTrainer")
-    p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps per system (4)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (8)")
     p.add_argument("--group", type=int, default=4, help="samples per prompt (4)")
@@ -98,7 +96,7 @@ def add_parser(bsub: Any) -> None:
     p.add_argument("--trl-first", action="store_true",
                    help="run the systems in reverse order: TRL first (to check the "
                    "order does not matter)")
-    p.add_argument("--out", help="also write the JSON results to this file")
+    report.add_output_arguments(p)
     p.set_defaults(handler=main)
 
 
@@ -446,7 +444,7 @@ def main(args: argparse.Namespace) -> int:
             config = _config(args, os.path.join(tmp, "trialbox"), start)
         sft_s = time.monotonic() - t0
         results: dict[str, Any] = {
-            "benchmark": "train", "machine": machine_info(),
+            "benchmark": "train", "machine": report.machine_info(),
             "work": {"steps": args.steps, "prompts": args.prompts, "group": args.group,
                      "max_staleness": args.max_staleness,
                      "max_new_tokens": args.max_new_tokens,
@@ -485,12 +483,6 @@ def main(args: argparse.Namespace) -> int:
     results["goal"] = ("trialbox episodes/s >= 1.0x TRL; the scheduler path >= 0.97x the "
                        "previous (direct) path")
     results["problems"] = problems
-    print(table(results))
-    for p in problems:
-        print(f"problem: {p}")
-    if args.json:
-        print(json.dumps(results))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    report.emit(results, args, "\n".join([table(results)]
+                                          + [f"problem: {p}" for p in problems]))
     return 1 if problems else 0
