@@ -1,4 +1,4 @@
-"""The typed records of types.py that files hold: a graded row (`Verdict`), an eval
+"""The typed records of types.py that files hold: a graded row (`GradedRow`), an eval
 sample and its error variant, the trainer's loop state, a journaled task's `TaskState`.
 Their JSON is the one earlier versions wrote: the literal rows and state below were
 written by trialbox at 06b09ac (before these records existed), and read back unchanged."""
@@ -14,8 +14,8 @@ import pytest
 from trialbox.judge.evaluate import Reference, _row, as_sample, error_row, read_samples
 from trialbox.judge.reward import RewardSpec
 from trialbox.store.journal import Journal, JournalError
-from trialbox.types import (EvalSample, Grade, Outcome, SampleError, StepSummary, TaskState,
-                            TestResult, TrainState, Verdict)
+from trialbox.types import (EvalSample, Grade, GradedRow, Outcome, SampleError, StepSummary,
+                            TaskState, TestResult, TrainState)
 
 # Rows `trialbox eval` wrote at 06b09ac: a binary row with a repeat and its environment,
 # a weighted row, an error row of an unknown task, and one of a line that was not JSON.
@@ -46,9 +46,9 @@ TESTS = (TestResult("t0", True, "", 0.25, True),
 @pytest.mark.parametrize("line", OLD_ROWS)
 def test_an_old_rows_file_reads_back_unchanged(line: str) -> None:
     row = json.loads(line)
-    v = Verdict.from_dict(row)
+    v = GradedRow.from_dict(row)
     assert json.dumps(v.to_dict()) == line  # same keys, same order, same values
-    assert Verdict.from_dict(v.to_dict()) == v
+    assert GradedRow.from_dict(v.to_dict()) == v
 
 
 def test_rows_built_now_are_the_rows_written_before() -> None:

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trialbox.errors import InfraError, UsageError
-from trialbox.types import Limits, Verdict
+from trialbox.types import GradedRow, Limits
 
 EXT_LANG = {".py": "python", ".sh": "bash", ".c": "c", ".cpp": "cpp", ".cc": "cpp",
             ".cxx": "cpp"}
@@ -342,7 +342,7 @@ async def _eval(args: argparse.Namespace) -> int:
     return _write_rows(args.out, rows, summary)
 
 
-def _write_rows(path: str, rows: list[Verdict], summary: dict[str, Any]) -> int:
+def _write_rows(path: str, rows: list[GradedRow], summary: dict[str, Any]) -> int:
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w") as out:

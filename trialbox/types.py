@@ -693,7 +693,7 @@ its deep copy of each value (9 tests: ~100 -> ~11 us, on every judged attempt)."
 
 
 @dataclass(frozen=True)
-class Verdict:
+class GradedRow:
     """One sample's graded row (`trialbox eval --out`, one per input row, in order): the
     first grading's evidence and reward, and whether repeated gradings agreed.
 
@@ -723,8 +723,8 @@ class Verdict:
     """`Runtime.id` the sample ran in; None when not recorded."""
 
     @staticmethod
-    def error(message: str, task_id: str | None = None) -> Verdict:
-        return Verdict(task_id, Outcome.ERROR, message=message, graded=False)
+    def error(message: str, task_id: str | None = None) -> GradedRow:
+        return GradedRow(task_id, Outcome.ERROR, message=message, graded=False)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"task_id": self.task_id, "passed": self.passed,
@@ -749,13 +749,13 @@ class Verdict:
         return out
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> Verdict:
+    def from_dict(d: dict[str, Any]) -> GradedRow:
         """A row back from its JSON (any rows file `trialbox eval` wrote)."""
         scores = None
         if "style_findings" in d:
             scores = Scores(tuple(d["style_findings"]), d.get("style"), d.get("efficiency"),
                             d.get("memory"), d.get("reference_peak_memory_bytes"))
-        return Verdict(
+        return GradedRow(
             task_id=d.get("task_id"), outcome=Outcome(d["outcome"]),
             passed=bool(d.get("passed", False)), reward=d.get("reward"),
             message=d.get("message", ""), flags=tuple(d.get("flags", ())),

@@ -37,7 +37,7 @@ from trialbox.bench.humaneval_mix import (
     exploit_completion,
     mutants,
 )
-from trialbox.bench.sandbox import TABLE_WIDTH
+from trialbox.bench.report import TABLE_WIDTH
 from trialbox.cli import build_parser
 from trialbox.store.tasks import index, load_humaneval
 

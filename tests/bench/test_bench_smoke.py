@@ -20,14 +20,8 @@ import sys
 import pytest
 
 from trialbox.bench.forkserver import BwrapForkServerSystem, ForkServerSystem
-from trialbox.bench.sandbox import (
-    BASELINES,
-    SYSTEMS,
-    TABLE_WIDTH,
-    System,
-    parse_levels,
-    percentile,
-)
+from trialbox.bench.report import TABLE_WIDTH, percentile
+from trialbox.bench.sandbox import BASELINES, SYSTEMS, System, parse_levels
 from trialbox.errors import UsageError
 
 ARGS = ["bench", "sandbox", "--json", "--runs", "5", "--seconds", "0.5",

@@ -10,7 +10,7 @@ from trialbox.errors import UsageError
 from trialbox.judge.function import JudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.judge.stdio import StdioJudgeConfig
-from trialbox.types import Sample, Task, Verdict
+from trialbox.types import GradedRow, Sample, Task
 
 
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ def _ray_or_explain() -> None:
 async def eval_on_ray(args: argparse.Namespace, tasks: dict[str, Task],
                       samples: list[Sample], config: JudgeConfig | None,
                       stdio: StdioJudgeConfig | None, spec: RewardSpec | None,
-                      ) -> tuple[list[Verdict], dict[str, Any]]:
+                      ) -> tuple[list[GradedRow], dict[str, Any]]:
     _ray_or_explain()
     if getattr(args, "image", ""):
         raise UsageError("--image with --backend ray is not supported yet: the nodes' "

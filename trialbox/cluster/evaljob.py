@@ -23,7 +23,7 @@ from trialbox.judge.function import JudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
-from trialbox.types import EvalSample, Grade, Runtime, Sample, Task, Verdict
+from trialbox.types import EvalSample, Grade, GradedRow, Runtime, Sample, Task
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ async def eval_on_cluster(tasks: dict[str, Task], samples: list[Sample], *,
                           reward: str, time_scale: float | None, amplified: str | None,
                           config: JudgeConfig | None, stdio_config: StdioJudgeConfig | None,
                           reward_spec: RewardSpec | None,
-                          ) -> tuple[list[Verdict], dict[str, Any]]:
+                          ) -> tuple[list[GradedRow], dict[str, Any]]:
     """Connect (refusing an unreachable cluster, mismatched nodes, a tier no node
     offers — before the journal is touched), then run the journaled eval on it."""
     fingerprint = inputs_fingerprint(samples_bytes, list(tasks), repeat=repeat,

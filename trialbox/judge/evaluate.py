@@ -33,8 +33,8 @@ from trialbox.judge.reward import RewardSpec, reward, score, style_findings, sty
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.sandbox.languages import language
 from trialbox.sandbox.base import Sandbox, SandboxProvider
-from trialbox.types import (EvalSample, Grade, Outcome, Repeat, Sample, SampleError, Scores,
-                            Task, TaskKind, TestResult, Verdict)
+from trialbox.types import (EvalSample, Grade, GradedRow, Outcome, Repeat, Sample, SampleError,
+                            Scores, Task, TaskKind, TestResult)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def as_sample(x: Sample | dict[str, Any] | str) -> Sample:
 def _row(sample: EvalSample, grades: list[Grade],
          spec: RewardSpec | None = None, style: tuple[str, ...] | None = None,
          reference: Reference | None = None, lines: int | None = None,
-         by_cpu: bool = False) -> Verdict:
+         by_cpu: bool = False) -> GradedRow:
     g = grades[0]
     scores: Scores | None = None
     spec = spec or _BINARY
@@ -128,7 +128,7 @@ def _row(sample: EvalSample, grades: list[Grade],
         rewards = [x.reward for x in scored]
         scores = Scores(tuple(style or ()), s_score, scored[0].efficiency, scored[0].memory,
                         ref_mem)
-    return Verdict(
+    return GradedRow(
         task_id=sample.task_id, outcome=g.outcome, passed=g.passed, reward=rewards[0],
         message=g.message, flags=g.flags, tests=g.tests, wall_ms=g.wall_ms, scores=scores,
         candidate_cpu_ms=g.candidate_cpu_ms,
@@ -149,9 +149,9 @@ def grade_from_json(d: dict[str, Any]) -> Grade:
                  attempts=d.get("attempts", 1), seed=d.get("seed"))
 
 
-def error_row(sample: Sample, message: str) -> Verdict:
+def error_row(sample: Sample, message: str) -> GradedRow:
     """The row of a sample that cannot be graded at all (bad JSON, unknown task...)."""
-    return Verdict.error(message, sample.task_id)
+    return GradedRow.error(message, sample.task_id)
 
 
 class Evaluator:
@@ -284,14 +284,14 @@ class Evaluator:
         return g, reference
 
     async def row(self, sample: EvalSample, grades: list[Grade],
-                  reference: Reference) -> Verdict:
+                  reference: Reference) -> GradedRow:
         """The output row of a sample from its attempts' grades (in repeat order), with
         the environment (`Runtime.id`) it ran in."""
         return replace(await self._sample_row(sample, grades, reference),
                        environment=self.pool.runtime.id)
 
     async def _sample_row(self, sample: EvalSample, grades: list[Grade],
-                          reference: Reference) -> Verdict:
+                          reference: Reference) -> GradedRow:
         task = self.tasks[sample.task_id]
         spec = self.reward_spec
         completion = sample.completion or ""
@@ -332,7 +332,7 @@ async def evaluate(tasks: dict[str, Task],
                    repo_config: RepoJudgeConfig | None = None,
                    reward_spec: RewardSpec | None = None,
                    progress: Callable[[int, int], None] | None = None,
-                   ) -> tuple[list[Verdict], dict[str, Any]]:
+                   ) -> tuple[list[GradedRow], dict[str, Any]]:
     """Grade every sample `repeat` times with `workers` attempts in flight; one row per
     sample, in order (`as_sample` says what a sample may be given as).
 
@@ -347,7 +347,7 @@ async def evaluate(tasks: dict[str, Task],
     done = 0
     t0 = time.monotonic()
 
-    async def grade_one(sample: Sample) -> Verdict:
+    async def grade_one(sample: Sample) -> GradedRow:
         nonlocal done
         problem = ev.check(sample)
         if problem is not None:
@@ -373,7 +373,7 @@ async def evaluate(tasks: dict[str, Task],
     return list(rows), summarize(tasks, list(rows), repeat, time.monotonic() - t0)
 
 
-def summarize(tasks: dict[str, Task], rows: list[Verdict], repeat: int,
+def summarize(tasks: dict[str, Task], rows: list[GradedRow], repeat: int,
               wall: float) -> dict[str, Any]:
     """The run's summary from its rows (pass@1 over the graded ones, counts, determinism,
     the visible/hidden gap, canaries); `wall_s` and `graded_per_s` from `wall`."""
@@ -400,7 +400,7 @@ def summarize(tasks: dict[str, Task], rows: list[Verdict], repeat: int,
     }
 
 
-def _gap(graded: list[Verdict]) -> dict[str, float | None]:
+def _gap(graded: list[GradedRow]) -> dict[str, float | None]:
     """Pass rates on visible and hidden tests over the graded rows, and the gap: a policy
     that special-cases the tests it can see passes those and fails the hidden ones."""
     def rate(hidden: bool) -> float | None:

@@ -41,7 +41,7 @@ from trialbox.judge.evaluate import (
 )
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskContext, TaskSpec
 from trialbox.store.journal import Journal
-from trialbox.types import EvalSample, Grade, Outcome, Sample, Verdict
+from trialbox.types import EvalSample, Grade, GradedRow, Outcome, Sample
 
 KIND = "eval"
 
@@ -114,7 +114,7 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
                              fingerprint: dict[str, Any], resume: bool = False,
                              max_retries: int = 2,
                              progress: Callable[[int, int], None] | None = None,
-                             ) -> tuple[list[Verdict], dict[str, Any], EvalRunInfo]:
+                             ) -> tuple[list[GradedRow], dict[str, Any], EvalRunInfo]:
     """Grade every sample `repeat` times as scheduler tasks journaled under `run_id` in
     `journal` (from `open_run`, which checked the run against the inputs), then assemble
     the rows (input order) and the summary from the journal. `evaluator.workers`
@@ -169,7 +169,7 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
         await evaluator.close()
     finished = journal.results_of(run_id)
     grades = journal.grades_of(run_id)
-    rows: list[Verdict] = []
+    rows: list[GradedRow] = []
     for i, sample in enumerate(samples):
         problem = problems[i]
         if problem is not None:
