@@ -94,6 +94,15 @@ ATTACKS = {
     "gitdir-file-elsewhere": ("git-in-subdir", PLANT_PAYLOAD + "mkdir -p /app/sub && "
                               "git init -q --separate-git-dir=/app/.hidden /app/sub && "
                               "git -C /app/sub config core.fsmonitor /app/.p.sh"),
+    # a worktree-style git dir whose common dir (where git reads `config`) has no HEAD
+    "commondir-without-head": ("git-diff", PLANT_PAYLOAD + GIT_INIT +
+                               "mv /app/.git /app/.common && rm /app/.common/HEAD && "
+                               "mkdir /app/.wt && echo 'ref: refs/heads/master' > "
+                               "/app/.wt/HEAD && echo ../.common > /app/.wt/commondir && "
+                               "mv /app/.common/index /app/.wt/index && "
+                               "echo 'gitdir: /app/.wt' > /app/.git && "
+                               "git config -f /app/.common/config diff.external /app/.p.sh && "
+                               "echo changed >> /app/.p.sh"),
     "bare-repo-discovery": ("git-in-subdir", PLANT_PAYLOAD + "git init -q --bare /app/sub && "
                             "git -C /app/sub config core.fsmonitor /app/.p.sh && "
                             "git -C /app/sub config core.bare false && "

@@ -218,8 +218,10 @@ async def _attempt(task: HarborTask, answer: str, provider: SandboxProvider,
 # and others change what its git reports (status.showUntrackedFiles). Keeping a short
 # list of known-plain settings instead of refusing known-bad ones closes the class:
 # whatever git adds next is dropped too. The file is parsed by git itself (`--no-includes`,
-# no system or global configuration), and a file git cannot parse is emptied (git would
-# refuse it anyway). One line "G <path>: <dropped keys>" per rewritten file.
+# no system or global configuration); a file git cannot parse is left (git refuses the
+# repository: nothing of it runs), one that is no plain file or over 1 MiB is emptied, and
+# a worktree's common dir (its `commondir`, where git reads `config`) is taken too. One
+# line "G <path>: <dropped keys>" per rewritten file.
 GIT_KEEP = (r"core\.(repositoryformatversion|bare|filemode|logallrefupdates|ignorecase|"
             r"precomposeunicode|symlinks)|extensions\.objectformat|"
             r"remote\..+\.(url|pushurl|fetch)|branch\..+\.(remote|merge)|user\.(name|email)")
@@ -246,9 +248,11 @@ def tame(path):
             if item:
                 k, _, v = item.decode("utf-8", "surrogateescape").partition("\n")
                 items.append((k, v))
+    if r.returncode != 0:
+        return  # git cannot parse it: git refuses the repository, runs nothing from it
     kept = [(k, v) for k, v in items if re.fullmatch(KEEP, k)]
     dropped = sorted({k for k, _ in items} - {k for k, _ in kept})
-    if r.returncode == 0 and not dropped:
+    if not dropped:
         return
     text = []
     for k, v in kept:
@@ -260,8 +264,7 @@ def tame(path):
     with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
         f.write("".join(text))
     os.replace(tmp, path)
-    why = ", ".join(dropped[:8]) if r.returncode == 0 else "not a git configuration"
-    print("G " + json.dumps(path[len("/workspace"):]) + ": dropped " + why)
+    print("G " + json.dumps(path[len("/workspace"):]) + ": dropped " + ", ".join(dropped[:8]))
 for d in sorted(gitdirs) if git else ():
     for name in ("config", "config.worktree"):
         p = os.path.join(d, name)
@@ -348,6 +351,15 @@ while stack and found < 20:
     if "HEAD" in names and ("commondir" in names or all(
             n in names and names[n].is_dir() for n in ("objects", "refs"))):
         gitdirs.add(d)  # what git itself takes for a git directory
+        if "commondir" in names:  # a worktree's: git reads `config` from its common dir
+            try:
+                with open(os.path.join(d, "commondir"), "rb") as f:
+                    target = f.read(4096).decode("utf-8", "surrogateescape").strip()
+                common = os.path.realpath(os.path.join(d, target))
+                if common.startswith("/workspace/"):
+                    gitdirs.add(common)
+            except (OSError, ValueError):
+                pass
     for e in entries:
         if e.is_symlink():
             t = os.readlink(e.path)
