@@ -437,7 +437,8 @@ def test_double_forked_daemon_dies_with_the_run(runner):
     daemon = r"""
 ( trap '' HUP TERM
   setsid bash -c 'trap "" HUP TERM; while :; do echo . >> beat; sleep 0.05; done' & ) &
-sleep 0.3
+until [ -s beat ]; do sleep 0.01; done  # the daemon is running (however slow the kernel)
+sleep 0.1
 echo started
 """
 
