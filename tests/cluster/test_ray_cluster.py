@@ -410,6 +410,12 @@ def test_serve_grades_submissions_on_the_cluster(cluster: Cluster) -> None:
     out, err = bad.communicate(timeout=240)
     assert bad.returncode == 2 and "'gvisor'" in err and "listening" not in out, err
     assert "offered: fake, namespace" in err, err
+    nowhere = subprocess.run(  # no Ray cluster there: refused before anything starts
+        [sys.executable, "-m", "trialbox.cli", "serve", "--port", "0", "--backend", "ray",
+         "--address", "127.0.0.1:1"], cwd=ROOT, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert nowhere.returncode == 2 and "listening" not in nowhere.stdout
+    assert "no Ray cluster at --address 127.0.0.1:1" in nowhere.stderr, nowhere.stderr
 
     task = load_humaneval()[0]
     p = _serve(cluster)
@@ -472,6 +478,12 @@ env_workers = 2
 [eval]
 tasks = 2
 """)
+    nowhere = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(cfg),
+                              "--backend", "ray", "--address", "127.0.0.1:1"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert nowhere.returncode == 2 and "no Ray cluster at" in nowhere.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
     p = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(cfg),
                         "--backend", "ray", "--address", cluster.address], cwd=ROOT,
                        capture_output=True, text=True, timeout=280,
