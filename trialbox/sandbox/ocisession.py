@@ -147,11 +147,13 @@ class OciSession:
                 return
             self.closed = True
             c, self.container = self.container, None
+            kept = None
             try:
-                if c is not None and await self.provider.recycle(self, c) is not None:
-                    return
-                await self.provider.loop.run_in_executor(None, self._teardown, c)
-            finally:
+                if c is not None:
+                    kept = await self.provider.recycle(self, c)
+            finally:  # not kept (or the reset interrupted): destroyed with its files
+                if kept is None:
+                    await self.provider.loop.run_in_executor(None, self._teardown, c)
                 self.provider.returned(self.sid)
 
     def wipe(self) -> None:
