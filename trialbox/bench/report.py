@@ -36,7 +36,8 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
+    """A small file's text (/proc, /sys), or "" when it cannot be read."""
     try:
         with open(path) as f:
             return f.read()
@@ -53,12 +54,12 @@ def machine_info() -> dict[str, Any]:
     """The machine a benchmark ran on, with its load averages at the start: figures
     from a loaded machine are read beside them (BENCHMARKS.md)."""
     model = ""
-    for line in _read("/proc/cpuinfo").splitlines():
+    for line in read_text("/proc/cpuinfo").splitlines():
         if line.startswith("model name"):
             model = line.split(":", 1)[1].strip()
             break
     mem_kb = 0
-    for line in _read("/proc/meminfo").splitlines():
+    for line in read_text("/proc/meminfo").splitlines():
         if line.startswith("MemTotal:"):
             mem_kb = int(line.split()[1])
     try:
@@ -74,7 +75,7 @@ def machine_info() -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "loadavg_start": list(os.getloadavg()),
         "sched_autogroup": {"1": "on", "0": "off"}.get(
-            _read("/proc/sys/kernel/sched_autogroup_enabled").strip(), "unknown"),
+            read_text("/proc/sys/kernel/sched_autogroup_enabled").strip(), "unknown"),
     }
 
 

@@ -301,7 +301,7 @@ class ServerProcess:
 
     def peak_rss_kib(self) -> int:
         """VmHWM of the server process itself."""
-        for line in _read(f"/proc/{self.proc.pid}/status").splitlines():
+        for line in report.read_text(f"/proc/{self.proc.pid}/status").splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
         return 0
@@ -314,14 +314,14 @@ class ServerProcess:
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
-            stat = _read(f"/proc/{name}/stat")
+            stat = report.read_text(f"/proc/{name}/stat")
             if stat:
                 ppid = int(stat.rsplit(")", 1)[-1].split()[1])
                 children.setdefault(ppid, []).append(int(name))
         total, todo = 0, [self.proc.pid]
         while todo:
             pid = todo.pop()
-            for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
+            for line in report.read_text(f"/proc/{pid}/smaps_rollup").splitlines():
                 if line.startswith("Pss:"):
                     total += int(line.split()[1])
                     break
@@ -348,14 +348,6 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 # ------------------------------------------------------------------ the load
