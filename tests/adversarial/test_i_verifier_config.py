@@ -240,3 +240,34 @@ def test_pytest_settings_in_app_never_reach_a_verifier_testing_tests(pool, pytes
     plugins from site-packages — the user site only while HOME was /app."""
     g = grade(pool, pytest_task, WRONG + PYTEST_PLANTS[how] + "\n")
     assert g.outcome is Outcome.FAILED and g.reward == 0.0, (how, g)
+
+
+HOME_TOML = """\
+version = "1.0"
+[verifier]
+timeout_sec = 30.0
+[verifier.env]
+HOME = "/app"
+[agent]
+timeout_sec = 20.0
+[environment]
+memory = "512M"
+storage_mb = 64
+"""
+HOME_SH = """\
+#!/bin/bash
+if [ "$(git config --global user.name)" = "secret-42" ]; then
+  echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def test_a_task_that_checks_the_answers_home_says_so_and_keeps_it(pool, tmp_path):
+    """Class C: a verifier checking what the answer left in HOME (the agent's HOME is
+    /app) sets HOME=/app in [verifier] env and keeps it: the right answer passes."""
+    [task] = load_harbor(str(make_task(tmp_path, "home", toml=HOME_TOML, test_sh=HOME_SH,
+                                       solve="git config --global user.name secret-42\n")))
+    ok = grade(pool, task, task.oracle, oracle_env=True)
+    assert ok.outcome is Outcome.PASSED and ok.reward == 1.0, ok
+    bad = grade(pool, task, "git config --global user.name guess\n")
+    assert bad.outcome is Outcome.FAILED and bad.reward == 0.0, bad
