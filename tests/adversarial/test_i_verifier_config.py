@@ -56,6 +56,10 @@ VERIFIERS = {
     "git-diff": verifier("git diff >/dev/null 2>&1"),
     "git-commit": verifier("git add -A 2>/dev/null; git -c user.name=v -c user.email=v@v "
                            "commit -qm check >/dev/null 2>&1"),
+    # a verifier that clears its environment before git (trialbox's settings with it)
+    "git-commit-env-i": verifier("env -i PATH=/usr/bin:/bin bash -c 'cd /app && git add -A "
+                                 "&& git -c user.name=v -c user.email=v@v commit -qm c' "
+                                 ">/dev/null 2>&1"),
     "git-in-subdir": verifier("(cd /app/sub 2>/dev/null && git status >/dev/null 2>&1)"),
 }
 
@@ -88,6 +92,10 @@ ATTACKS = {
                       "echo changed >> /app/out.txt"),
     "repo-hook": ("git-commit", PLANT_PAYLOAD + GIT_INIT +
                   "cp /app/.p.sh /app/.git/hooks/pre-commit"),
+    "repo-hook-env-cleared": ("git-commit-env-i", PLANT_PAYLOAD + GIT_INIT +
+                              "cp /app/.p.sh /app/.git/hooks/pre-commit"),
+    "repo-fsmonitor-env-cleared": ("git-commit-env-i", PLANT_PAYLOAD + GIT_INIT +
+                                   "git -C /app config core.fsmonitor /app/.p.sh"),
     "repo-hookspath": ("git-commit", PLANT_PAYLOAD + GIT_INIT +
                        "mkdir -p /app/h && cp /app/.p.sh /app/h/pre-commit && "
                        "git -C /app config core.hooksPath /app/h"),
@@ -115,6 +123,7 @@ ATTACKS = {
 UNREADABLE_CONFIGS = {
     "fifo": "mkfifo /app/.git/config.new && mv /app/.git/config.new /app/.git/config",
     "dev-zero": "ln -sf /dev/zero /app/.git/config",
+    "read-only-git-dir": "cp /app/.p.sh /app/.git/hooks/pre-commit; chmod 555 /app/.git",
 }
 
 
@@ -169,10 +178,12 @@ def test_settings_planted_in_app_never_run_for_the_verifier(pool, tasks, attack)
 
 @pytest.mark.parametrize("how", sorted(UNREADABLE_CONFIGS))
 def test_an_unreadable_repository_config_is_replaced_not_waited_on(pool, tasks, how):
-    g = grade(pool, tasks["git-status"], WRONG + GIT_INIT + UNREADABLE_CONFIGS[how] + "\n")
+    g = grade(pool, tasks["git-commit-env-i"], WRONG + PLANT_PAYLOAD + GIT_INIT +
+              UNREADABLE_CONFIGS[how] + "\n")
     assert g.outcome is Outcome.FAILED and g.reward == 0.0, (how, g)
     assert "self-inflicted" not in g.flags and g.verifier_status == "ok", (how, g)
-    assert "not a plain file" in g.verifier_output, g.verifier_output
+    if how != "read-only-git-dir":
+        assert "not a plain file" in g.verifier_output, g.verifier_output
 
 
 LINK = "ln -s /tests/expected.txt /app/out.txt\n"
