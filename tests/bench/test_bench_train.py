@@ -59,5 +59,8 @@ def test_bench_train_smoke(tmp_path):
     assert res["systems"]["trialbox"]["max_staleness_seen"] == 0
     assert res["systems"]["trialbox_direct"]["max_staleness_seen"] == 0
     assert res["ratio_sync_direct_episodes_per_s"] > 0
+    again = res["systems_second_pair"]  # the reverse-order pair (ABBA) ran and graded
+    assert again["trialbox"]["graded"] == again["trialbox_direct"]["graded"] == 8, again
+    assert len(res["ratio_sync_direct_pairs"]) == 2 and res["ratio_sync_direct_cpu"] > 0
     assert res["systems"]["trialbox_async"]["max_staleness_seen"] == 1
     assert res["ratio_episodes_per_s"] > 0 and res["ratio_async_sync_episodes_per_s"] > 0
