@@ -390,8 +390,13 @@ class Cell:
 
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
 
+# The sandbox user's home is /nonexistent, not the workspace: a program that clears its
+# environment (`env -i`, a login shell) gets HOME — and Python's user site, git's and
+# bash's per-user files — from here, and a trusted verifier running in the answer's
+# workspace must not read settings the answer planted there (docs/adversary.md, I).
+# Programs still start with HOME=/workspace from BASE_ENV.
 PASSWD = """root:x:0:0:root:/root:/usr/sbin/nologin
-sandbox:x:1000:1000:sandbox:/workspace:/bin/sh
+sandbox:x:1000:1000:sandbox:/nonexistent:/bin/sh
 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
 """
 GROUP = "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n"
