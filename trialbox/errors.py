@@ -13,6 +13,8 @@
     │   ├── cluster.placement.TierUnavailable      no cluster node offers the tier asked for
     │   ├── cluster.backend.ClusterUnreachable     no Ray cluster (or too few nodes) at --address
     │   ├── cluster.backend.VersionMismatch        a node runs other Python/Ray/trialbox code
+    │   ├── cluster.backend.NodeStartFailed        a live node's actor could not start (its
+    │   │                   pools, its workloads): the node is misconfigured
     │   ├── sandbox.mounts.PathObstructed  a workspace path is in the way (a directory
     │   │                   where a file goes): in a session, the candidate's doing, so
     │   │                   run_code and the agent turn it into its outcome
@@ -45,6 +47,8 @@
     │                         *candidate* gave cannot be used; caught where it is raised
     │                         and turned into the candidate's outcome, never escapes
     ├── store.patches.TreeError   the answer cannot become a file tree (bad patch/path)
+    ├── judge.repo_snapshot.WorkspaceUnwritable  the answer's tree does not fit its
+    │                             session's workspace (disk_mb, inodes): graded FAILED
     └── sandbox.cgroups.OverBudget  the session already holds more memory than a run may
                                   start with (its `memory` status, not started)
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from trialbox.errors import InfraError, UsageError
+from trialbox.errors import CandidateFault, InfraError, UsageError
 from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.sandbox.snapshot import TreeSnapshots, apply_changes, tree_changes
 from trialbox.types import Limits
@@ -63,7 +63,7 @@ MiB = 1 << 20
 _ATTR = "_trialbox_repo_trees"
 
 
-class WorkspaceUnwritable(Exception):
+class WorkspaceUnwritable(CandidateFault):
     """The workspace does not fit the session (its `disk_mb` or inodes): the answer's
     doing, graded FAILED by the caller with this message."""
 
