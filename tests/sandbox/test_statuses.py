@@ -132,8 +132,10 @@ def test_wall_timeout(run_one: RunOne):
     assert r.signal == signal.SIGKILL and r.exit_code is None
     assert r.stdout == b"start\n"  # output before the kill is kept
     assert 950 <= r.wall_ms < 1500, r.wall_ms
-    assert r.cpu_ms < 300
-    assert elapsed < 2.5
+    # the session's set-up and the interpreter's start scale with a slow kernel (UML:
+    # 2.65 s seen end to end, ~0.5 s of CPU to start python3)
+    assert r.cpu_ms < 300 * TIME_SCALE
+    assert elapsed < 1 + 1.5 * TIME_SCALE, elapsed
 
 
 def test_cpu_timeout(run_one: RunOne):
