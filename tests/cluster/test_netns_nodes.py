@@ -85,7 +85,7 @@ async def _cut_off_run(br: Bridge, head: str, db: str) -> list[str]:
     """The run; returns the ids of the nodes' sandbox pools."""
     n1 = br.node(head, node_resources(2, "namespace"))
     n1_id = await wait_registered(n1.ip)
-    cfg = ClusterConfig(address=head, poll_s=0.2, heartbeat_s=0.2, dead_after_s=2.0,
+    cfg = ClusterConfig(address=head, poll_s=0.2, heartbeat_s=0.2, dead_after_s=5.0,
                         min_nodes=2, warm=2)
     async with RayBackend(cfg) as be:
         assert be.members[n1_id].info["node_id"] == n1_id

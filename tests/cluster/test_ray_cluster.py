@@ -225,8 +225,10 @@ def test_node_gone_before_its_actor_ran_is_skipped_not_an_error(cluster: Cluster
             assert not be.refused and not be.failed and len(be.members) == 2
             await be.load("w", FakeWorkload())
             assert (await be.run("w", 1, tier="fake"))["payload"] == 1
-    asyncio.run(body())
-    wait_dead(z)
+    try:
+        asyncio.run(body())
+    finally:
+        wait_dead(z)
 
 
 # ---------------------------------------------------------------------- placement
@@ -289,8 +291,10 @@ def test_drained_node_finishes_its_work_and_leaves(cluster: Cluster,
             assert report["runs"] == len(on_d) == len(report["lease_ids"])
             assert report["leaks"] == {"cgroups": [], "state": [], "processes": []}
             assert nid(d) not in be.members and nid(d) not in be.placer.nodes
-    asyncio.run(body())
-    remove(cluster, d)  # the machine goes; nothing of the run depended on it
+    try:
+        asyncio.run(body())
+    finally:  # (also on failure: the next test starts on the module's two nodes)
+        remove(cluster, d)  # the machine goes; nothing of the run depended on it
 
 
 def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
@@ -329,9 +333,14 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
         assert "error" in be.close_reports.pop(nid(k))  # dead: nothing to close there
         for node, rep in be.close_reports.items():
             assert rep["leaks"] == {"cgroups": [], "state": [], "processes": []}, node
-    asyncio.run(body())
-    wait_dead(k)
-    remove(cluster, joined[0])
+    try:
+        asyncio.run(body())
+    finally:
+        if k in cluster.worker_nodes:  # the run failed before killing it
+            cluster.remove_node(k, allow_graceful=False)
+        wait_dead(k)
+        for j in joined:
+            remove(cluster, j)
     # the dead node's pool left cells behind it; the next pool on this host reaps them
     from trialbox.sandbox.cgroups import CgroupDriver
     from trialbox.sandbox.pool import PoolConfig
@@ -352,7 +361,9 @@ def test_cut_off_node_is_fenced_and_its_late_answers_discarded(
     f = cluster.add_node(num_cpus=1, resources=node_resources(2, "fake"))
 
     async def body() -> None:
-        async with RayBackend(config(cluster, min_nodes=3, dead_after_s=1.5)) as be:
+        # 5 s of silence: at load 20 plus two busy loops, a 1.5 s threshold presumed the
+        # new node dead before the test froze it (a ping's round trip took longer)
+        async with RayBackend(config(cluster, min_nodes=3, dead_after_s=5.0)) as be:
             await be.load("w", FakeWorkload(seconds=0.5))
             pid = be.members[nid(f)].info["pid"]
             frozen_at = [0.0]
@@ -383,8 +394,10 @@ def test_cut_off_node_is_fenced_and_its_late_answers_discarded(
             # the frozen node ran them to the end: the late answers existed
             ran = await be.lost[nid(f)].lease_ids.remote()
             assert len(ran) >= 2
-    asyncio.run(body())
-    remove(cluster, f)
+    try:
+        asyncio.run(body())
+    finally:
+        remove(cluster, f)
 
 
 # ---------------------------------------------------------------------- serve
