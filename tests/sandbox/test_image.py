@@ -214,6 +214,20 @@ def test_the_watch_sees_a_change_made_through_another_path(image, tmp_path):
 
 # ------------------------------------------------------------------ running on it
 
+# The image's [env] and its /var (beside /usr) in a run, with a caller's own env on top:
+# every tier must give both (docs/images.md "Running on an image").
+ENV_PROBE = ["python3", "-c", "import hashlib, os; print(os.environ.get('TB_IMAGE'), "
+             "os.environ.get('CALLER'), hashlib.sha256(open('/var/lib/dpkg/status', "
+             "'rb').read()).hexdigest())"]
+
+
+async def check_env_and_var(sb, image) -> None:
+    dpkg = im.file_sha256(os.path.join(image.rootfs, "var/lib/dpkg/status"))
+    for env, caller in ((None, "None"), ({"CALLER": "x"}, "x")):
+        r = await sb.exec(ENV_PROBE, env=env)
+        assert r.ok and r.stdout_text.split() == ["tb-test-min", caller, dpkg], (env, r)
+
+
 def test_the_namespace_tier_runs_the_image_and_refuses_it_once_tampered(image):
     python_sha = im.file_sha256(os.path.join(image.rootfs, "usr/bin/python3.11"))
 
@@ -231,6 +245,7 @@ def test_the_namespace_tier_runs_the_image_and_refuses_it_once_tampered(image):
                 assert r.ok, r
                 assert r.stdout_text.split() == [python_sha, "0.8.10", "tb-test-min"]
                 assert r.runtime == image.id
+                await check_env_and_var(sb, image)
             with Tamper(image, JSON_INIT):
                 with pytest.raises(img.ImageMismatch, match=JSON_INIT):
                     await NamespaceSandbox.open(pool, LIMITS)
@@ -363,6 +378,7 @@ def test_the_oci_tiers_run_the_same_image(image, tier):
                                    "import hashlib, tabulate; print(hashlib.sha256(open("
                                    "'/proc/self/exe','rb').read()).hexdigest(), tabulate."
                                    "__version__, open('/etc/trialbox-image').read())"])
+                await check_env_and_var(sb, image)
             finally:
                 await sb.close()
             assert r.ok and r.stdout_text.split() == [python_sha, "0.8.10", "tb-test-min"], r

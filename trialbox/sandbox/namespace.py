@@ -35,16 +35,18 @@ __all__ = ["NamespaceSandbox", "SPEC_MAX", "run_environment", "session_carry",
            "session_inodes"]
 
 SESSION_DIRS = ["work", "tmp", "shm"]
-def run_environment(argv: Sequence[str], env: Mapping[str, str] | None) -> dict[str, str]:
-    """A run's environment: BASE_ENV plus the caller's `env`, once argv and env are
-    checked (every tier's `exec` takes them the same way). UsageError names the fix."""
+def run_environment(argv: Sequence[str], env: Mapping[str, str] | None,
+                    base: Mapping[str, str] = BASE_ENV) -> dict[str, str]:
+    """A run's environment: `base` (the pool's: BASE_ENV, plus an image's [env]) and
+    the caller's `env` over it, once argv and env are checked (every tier's `exec` takes
+    them the same way). UsageError names the fix."""
     if isinstance(argv, (str, bytes)) or not argv:
         raise UsageError("argv must be a non-empty list of strings, e.g. "
                          "['python3', 'main.py']")
     for a in argv:
         if not isinstance(a, str) or "\x00" in a:
             raise UsageError(f"every argv item must be a str without NUL, got {a!r}")
-    run_env = dict(BASE_ENV)
+    run_env = dict(base)
     for k, v in (env or {}).items():
         if (not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k
                 or "\x00" in k + v):
@@ -404,7 +406,7 @@ class NamespaceSandbox:
 
     def _spec(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
               limits: Limits) -> dict[str, object]:
-        run_env = run_environment(argv, env)
+        run_env = run_environment(argv, env, self.pool.env)
         self._check_cwd(cwd)
         mode, path = self._resolve(list(argv), run_env["PATH"], cwd)
         # The CPU limit is enforced on the cgroup's total by `Run._check_cpu` (supervisor.py); the

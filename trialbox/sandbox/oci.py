@@ -52,7 +52,12 @@ from trialbox.sandbox.cgroups import _mounts as _cgroup_mounts
 from trialbox.sandbox.network import Gate, check_node, configure_sandbox_side, new_netns
 from trialbox.sandbox.reaper import owner_alive, owner_id
 from trialbox.sandbox.seccomp import build_filter
-from trialbox.sandbox.zygote_client import DEV_NODES, build_root_template, system_runtime
+from trialbox.sandbox.zygote_client import (
+    BASE_ENV,
+    DEV_NODES,
+    build_root_template,
+    system_runtime,
+)
 from trialbox.types import Limits, Runtime
 
 if TYPE_CHECKING:
@@ -197,6 +202,12 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
     if os.path.isdir(os.path.join(src, "etc/alternatives")):
         mnts.insert(3, {"destination": "/etc/alternatives", "type": "bind",
                         "source": os.path.join(src, "etc/alternatives"), "options": ro})
+    if src != "/":  # an image: its /opt, /srv, /var too, as the namespace tier binds them
+        from trialbox.sandbox.image_root import EXTRA_TOPS
+        for top in EXTRA_TOPS:
+            if os.path.isdir(os.path.join(src, top)):
+                mnts.append({"destination": "/" + top, "type": "bind",
+                             "source": os.path.join(src, top), "options": ro})
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
         host = os.path.join(src, top.lstrip("/"))
         if os.path.isdir(host) and not os.path.islink(host):
@@ -472,6 +483,8 @@ class OciProvider:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
+        self.env: dict[str, str] = dict(BASE_ENV)
+        """What every run's environment starts from: BASE_ENV and an image's [env]."""
         self.reaped: dict[str, int] = {}
         self.python_names: frozenset[str] = frozenset()
         self._seq = 0
@@ -531,6 +544,7 @@ class OciProvider:
             self.image_guard.start()  # watch, then hash: ImageMismatch, no start
             self.runtime = image_runtime(image)
             self.image_src = image.rootfs
+            self.env = {**BASE_ENV, **dict(image.env)}  # what every run starts from
         else:
             self.runtime = system_runtime(self.config.python)
         self.python_names = frozenset({"python", "python3", self.config.python,

@@ -255,7 +255,7 @@ class OciSession:
 
     def _spec(self, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str,
               limits: Limits) -> dict[str, Any]:
-        run_env = run_environment(argv, env)
+        run_env = run_environment(argv, env, self.provider.env)
         self._check_cwd(cwd)
         rl = self.provider.run_rlimits(limits)
         rl["RLIMIT_NPROC"] = [limits.pids, limits.pids]

@@ -157,6 +157,8 @@ class CellPool:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
+        self.env: dict[str, str] = dict(BASE_ENV)
+        """What every run's environment starts from: BASE_ENV and an image's [env]."""
         self.python_names: frozenset[str] = frozenset()
         self.recycles = False  # may a cleanly closed session's cell serve another (start)
         self.devnull = -1
@@ -252,6 +254,7 @@ class CellPool:
         self.image_guard = ImageGuard(image, self.config.image_verify_s)
         self.image_guard.start()  # watch, then hash: ImageMismatch, the pool does not start
         self.runtime = image_runtime(image)
+        self.env = {**BASE_ENV, **dict(image.env)}  # as the zygote's config has it
 
     def _build_native(self) -> str | None:
         """cell.c built and copied into this pool's root-only state dir, or None (the

@@ -19,7 +19,7 @@ import shutil
 import socket
 import struct
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
@@ -264,13 +264,14 @@ _RLIMIT_NUMBERS = {"RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_CORE": 4,
 _NO_LIMIT = (1 << 64) - 1
 
 
-def encode_spec(spec: dict[str, Any]) -> bytes:
+def encode_spec(spec: dict[str, Any], base_env: Mapping[str, str] = BASE_ENV) -> bytes:
     """A run's spec as the candidate reads it — in C (cell.c `enter`) or in Python
     (zygote.decode_spec): no JSON, whose parser in a freshly forked process costs
     ~80 copy-on-write faults. Little-endian: u32 uid; u8 n, n x (u8 resource, u64
     soft, u64 hard; all ones = unlimited); u8 m, m x u8 fd target; u16 length + cwd;
     then the program, NUL-separated: mode, path, argc, argv..., and `=` for the pool's
-    own environment (BASE_ENV, which the candidate inherits) or its KEY=VALUE items."""
+    own environment (`base_env`: BASE_ENV and an image's [env], which the candidate
+    inherits) or its KEY=VALUE items."""
     rlimits = spec["rlimits"]
     out = [struct.pack("<IB", spec["uid"], len(rlimits))]
     for name, (soft, hard) in rlimits.items():
@@ -284,7 +285,7 @@ def encode_spec(spec: dict[str, Any]) -> bytes:
     argv = spec["argv"]
     env = spec["env"]
     program = [spec["mode"], spec["path"] or "", str(len(argv)), *argv]
-    program += ["="] if env == BASE_ENV else [f"{k}={v}" for k, v in env.items()]
+    program += ["="] if env == base_env else [f"{k}={v}" for k, v in env.items()]
     out.append(b"\0".join(x.encode("utf-8", "surrogatepass") for x in program))
     return b"".join(out)
 
@@ -344,7 +345,7 @@ class Cell:
         candidate forked ahead after it), S stop, R reset."""
         if self.go is None:
             raise SandboxStartError(f"cell {self.id} is closed")
-        data = tag if spec is None else tag + encode_spec(spec)
+        data = tag if spec is None else tag + encode_spec(spec, self.pool.env)
         if fds:
             socket.send_fds(self.go, [data], fds)
         else:
