@@ -46,7 +46,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
 	$(VENV)/bin/trialbox bench service --out .bench/service.json
 	$(VENV)/bin/trialbox bench telemetry --out .bench/telemetry.json
-	$(VENV)/bin/trialbox bench fork --out .bench/fork.json  # snapshot + fork-8 vs copying, 1/50/500 MB (~1 min)
+	$(VENV)/bin/trialbox bench fork --judge 8,32 --judge-mb 50 --out .bench/fork.json  # snapshot + fork-8 vs copying, 1/50/500 MB; a 50 MB repository task graded 8 and 32 times on forks vs copies (~3 min)
 	$(VENV)/bin/trialbox bench density --sessions 3000 --out .bench/density.json  # live sessions on one node (~3.5 min loaded; 10,000: run it alone, BENCHMARKS.md)
 	$(VENV)/bin/trialbox bench train --out .bench/train.json
 	bash scripts/check-extras.sh  # trialbox and each extra from a fresh venv (~10 min: installs torch & co.)
