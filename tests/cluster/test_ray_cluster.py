@@ -68,6 +68,25 @@ def remove(cluster: Cluster, node: Any, allow_graceful: bool = True) -> None:
     wait_dead(node)
 
 
+def all_nodes_free() -> float:
+    """The trialbox_node resources no actor holds, if that is all of them; else -1."""
+    total = ray.cluster_resources().get("trialbox_node", 0)
+    free = ray.available_resources().get("trialbox_node", 0)
+    return float(free) if free == total else -1.0
+
+
+def wait_all_nodes_free(timeout: float = 30) -> bool:
+    """Whether every trialbox_node resource is free within `timeout`: no node actor
+    left (`ray.kill` frees an actor's resources asynchronously, hence the wait; a test
+    measuring "free" at its start could see the previous test's actor still there)."""
+    deadline = time.monotonic() + timeout
+    while all_nodes_free() < 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def listed_alive(node: Any) -> bool:
     return any(n["NodeID"] == nid(node) and n["Alive"] for n in ray.nodes())
 
@@ -171,7 +190,7 @@ def test_bad_input_is_refused_and_nothing_is_left_started(cluster: Cluster,
             await RayBackend(ClusterConfig(address="127.0.0.1:1")).start()
         assert time.monotonic() - t0 < 10
 
-        free = ray.available_resources().get("trialbox_node", 0)
+        free = all_nodes_free()
         async with RayBackend(config(cluster, min_nodes=2)) as b:
             with pytest.raises(TierUnavailable, match="'gvisor'.*offered: fake, namespace"):
                 b.check_tier("gvisor")
@@ -186,11 +205,7 @@ def test_bad_input_is_refused_and_nothing_is_left_started(cluster: Cluster,
                            r"code \w+ \(driver: \w+\).*trialbox there is at "):
             await RayBackend(config(cluster, min_nodes=2, node_runtime_env=env)).start()
         # the refused node actors were killed: their trialbox_node resource is free again
-        for _ in range(50):
-            if ray.available_resources().get("trialbox_node", 0) == free:
-                break
-            await asyncio.sleep(0.1)
-        assert ray.available_resources().get("trialbox_node", 0) == free == 2
+        assert free == 2 and await asyncio.to_thread(wait_all_nodes_free)
     asyncio.run(body())
 
 
@@ -417,8 +432,6 @@ def test_serve_grades_submissions_on_the_cluster(cluster: Cluster) -> None:
 
     from trialbox.bench.humaneval_mix import exploit_completion
     from trialbox.store.tasks import load_humaneval
-    free = ray.available_resources().get("trialbox_node", 0)
-
     bad = _serve(cluster, "--tier", "gvisor")
     out, err = bad.communicate(timeout=240)
     assert bad.returncode == 2 and "'gvisor'" in err and "listening" not in out, err
@@ -457,11 +470,7 @@ def test_serve_grades_submissions_on_the_cluster(cluster: Cluster) -> None:
     assert (good["passed"], good["reward"]) == (True, 1.0), good
     assert not cheat["passed"] and cheat["reward"] == 0.0, cheat
     assert status["backend"] == "ray" and status["placed"] == 2 and status["nodes"] == 2
-    for _ in range(100):  # the server's node actors are gone with it
-        if ray.available_resources().get("trialbox_node", 0) == free:
-            break
-        time.sleep(0.1)
-    assert ray.available_resources().get("trialbox_node", 0) == free == 2
+    assert wait_all_nodes_free()  # the server's node actors are gone with it
 
 
 def test_train_judges_its_episodes_on_the_cluster(cluster: Cluster, tmp_path: Path) -> None:
