@@ -1,7 +1,10 @@
 """The house's layering (DESIGN.md): data flows one way and no lower layer imports an
-upper one — `types/errors` ← `sandbox` ← `judge` ← `schedule` ← `rollout` ← `train`;
-`store` and `telemetry` are used by all and import only the vocabulary; `service`,
-`cluster`, `bench` and `cli` sit on top. Every import counts, the ones inside functions
+upper one — `types/errors` ← `sandbox` ← `judge` ← `schedule` ← `cluster` ← `rollout` ←
+`train`; `store` and `telemetry` are used by all and import only the vocabulary;
+`service`, `integrations`, `bench` and `cli` sit on top. `cluster` (the Ray backend:
+node actors grading with the judge, placement under the scheduler's journal) sits under
+the layers that place their grading on it (`train --backend ray`, `serve --backend ray`)
+and imports nothing of theirs. Every import counts, the ones inside functions
 and under TYPE_CHECKING too: a lazy import is still a dependency."""
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trialbox"
 
 # Each part and the parts it may import (besides itself). The order is the design's.
-_ORDER = ["sandbox", "judge", "schedule", "rollout", "train"]
+_ORDER = ["sandbox", "judge", "schedule", "cluster", "rollout", "train"]
 _BASE = {"types", "errors", "store", "telemetry"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
@@ -21,10 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "telemetry": {"types", "errors", "store"},
     **{part: _BASE | set(_ORDER[:i]) for i, part in enumerate(_ORDER)},
     "service": _BASE | set(_ORDER),
-    "cluster": _BASE | set(_ORDER),
     "integrations": _BASE | set(_ORDER),
-    "bench": _BASE | set(_ORDER) | {"service", "cluster"},
-    "cli": _BASE | set(_ORDER) | {"service", "cluster", "bench"},
+    "bench": _BASE | set(_ORDER) | {"service"},
+    "cli": _BASE | set(_ORDER) | {"service", "bench"},
     "__init__": set(),
 }
 
