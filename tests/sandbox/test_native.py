@@ -154,8 +154,8 @@ def test_a_malformed_spec_is_infrastructure_not_the_candidates(
     real = zygote_client.encode_spec
     broken = {"on": True}
 
-    def encode(spec: dict[str, Any]) -> bytes:
-        return real(spec)[:7] if broken["on"] else real(spec)
+    def encode(spec: dict[str, Any], *base: Any) -> bytes:
+        return real(spec, *base)[:7] if broken["on"] else real(spec, *base)
     monkeypatch.setattr(zygote_client, "encode_spec", encode)
 
     async def body() -> tuple[Any, Any]:
