@@ -13,7 +13,12 @@ import pytest
 from trialbox.bench.density import run_density
 from trialbox.errors import Unavailable, UsageError
 from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig
-from trialbox.sandbox.capacity import derive_capacity, raise_fd_limit
+from trialbox.sandbox.capacity import (
+    MEMORY_CHECK_AFTER,
+    Admission,
+    derive_capacity,
+    raise_fd_limit,
+)
 from trialbox.types import ExecStatus, Limits
 
 FAST = Limits(wall_s=10, memory_mb=64, disk_mb=8)
@@ -151,3 +156,30 @@ def test_density_bench_small():
     assert out["live"] == 200 and out["failed"] == 0
     assert out["queue"]["waiting_after_0.5s"] == 8 and out["queue"]["started_while_full"] == 0
     assert out["memory_per_session_mib"]["pss_kernel"] > 0
+
+
+def test_openers_wait_when_memory_runs_short_before_the_estimated_capacity():
+    """The memory bound is an estimate made at start; past MEMORY_CHECK_AFTER open
+    sessions an opener also checks MemAvailable, and below the floor it waits (then gets
+    the place a closing session frees) instead of taking the host's last memory. (At
+    7,883 live sessions MemAvailable was down to 2.9 GB here, with 10,000 allowed.)"""
+    async def body(floor: int) -> tuple[Admission, BaseException | None, bool]:
+        cap = derive_capacity(1_000_000, 1.5, 1_000_000)  # far above what is opened
+        adm = Admission(cap, wait_s=5, memory_floor=floor)
+        for _ in range(MEMORY_CHECK_AFTER):
+            await adm.enter()  # below the check: a counter, whatever the memory
+        try:
+            await adm.enter(timeout=0.2)
+            refused = None
+        except Unavailable as e:
+            refused = e
+        waiter = asyncio.ensure_future(adm.enter())
+        await asyncio.sleep(0.05)
+        adm.leave()  # a session closes: its place (and memory) goes to the waiter
+        await asyncio.wait_for(waiter, 2)
+        return adm, refused, waiter.done()
+    adm, refused, got_in = asyncio.run(body(1 << 62))  # floor above any MemAvailable
+    assert isinstance(refused, Unavailable) and "MemAvailable below the floor" in str(refused)
+    assert got_in and adm.open == MEMORY_CHECK_AFTER and adm.memory_waits == 2
+    adm, refused, got_in = asyncio.run(body(1))  # memory to spare: no wait at all
+    assert refused is None and adm.memory_waits == 0 and adm.open == MEMORY_CHECK_AFTER + 1

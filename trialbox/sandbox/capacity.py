@@ -16,6 +16,15 @@ smallest wins:
                  session (the cell's, and a run's user namespace)
     uids         PoolConfig.uid_count (each open session holds one)
 
+The memory bound is an estimate made at start (`session_memory_mb` each), and a
+session's real cost grows with density (1.5 MiB each at 3,000 live here, ~2.5 MiB at
+7,900: kernel slab and the supervisor's own objects grow faster than linearly, and at
+7,883 live sessions MemAvailable was down to 2.9 GB — the 10,000 the estimate allowed
+would have run the host out of memory). So past `MEMORY_CHECK_AFTER` open sessions,
+`Admission.enter` also looks at MemAvailable itself (at most every `MEMORY_CHECK_S`): below
+the floor (`memory_floor_bytes`: the larger of 1 GiB and 10 % of MemTotal) an opener
+waits as it would past capacity, until a session closes.
+
 `PoolConfig.capacity` overrides the derivation. Past capacity, `Admission.enter` waits in
 FIFO order for a session to close, up to `PoolConfig.capacity_wait_s`, then raises
 `Unavailable` naming the bound and what to change: work queues, it does not fail as
@@ -53,6 +62,11 @@ PID_RESERVE = 4096
 MEMORY_RESERVE_FRACTION = 0.1
 """Share of MemAvailable never planned for sessions (runs' own memory, page cache)."""
 NAMESPACES_PER_SESSION = 2
+MEMORY_CHECK_AFTER = 256
+"""Open sessions past which each opener also checks MemAvailable (below it, the start
+path stays a counter)."""
+MEMORY_CHECK_S = 0.25
+"""How long one MemAvailable reading stands (a read of /proc/meminfo costs ~30 µs)."""
 FD_TARGET = 1 << 20
 """RLIMIT_NOFILE asked for at start (capped by fs.nr_open): enough for any capacity the
 other bounds allow, and free until descriptors are actually opened."""
@@ -75,6 +89,20 @@ def _mem_available() -> int:
     except OSError:
         pass
     return 0
+
+
+def memory_floor_bytes() -> int:
+    """MemAvailable below which no new session opens: 1 GiB or 10 % of MemTotal."""
+    total = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    return max(1 << 30, total // 10)
 
 
 def raise_fd_limit(target: int = FD_TARGET) -> tuple[int, int]:
@@ -163,9 +191,16 @@ class Admission:
     Bound to the event loop that calls it. Uncontended, `enter` is a counter increment
     (nothing on the ~1.6 ms start path)."""
 
-    def __init__(self, capacity: Capacity, wait_s: float):
+    def __init__(self, capacity: Capacity, wait_s: float,
+                 memory_floor: int | None = None):
         self.capacity = capacity
         self.wait_s = wait_s
+        self.memory_floor = memory_floor_bytes() if memory_floor is None else memory_floor
+        """MemAvailable (bytes) below which openers wait (past MEMORY_CHECK_AFTER open)."""
+        self.memory_waits = 0
+        """Openers that waited because MemAvailable was below the floor."""
+        self._memory_at = -1.0
+        self._memory_short = False
         self.open = 0
         self.peak = 0
         self.waited = 0
@@ -181,9 +216,11 @@ class Admission:
         if self._waiters and not self.waiting:
             self._waiters.clear()  # only those that gave up are left
         if self.open < self.capacity.sessions and not self._waiters:
-            self.open += 1
-            self.peak = max(self.peak, self.open)
-            return
+            if not self._short_of_memory():
+                self.open += 1
+                self.peak = max(self.peak, self.open)
+                return
+            self.memory_waits += 1
         wait = self.wait_s if timeout is None else timeout
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
@@ -195,17 +232,31 @@ class Admission:
             if fut.done() and not fut.cancelled():
                 return  # handed a place just as the deadline passed: keep it
             fut.cancel()
+            memory = (f"; MemAvailable below the floor of {self.memory_floor >> 20:,} MiB"
+                      if self._memory_short else "")
             raise Unavailable(
                 f"no session place free on this node after {time.monotonic() - t0:.1f} s: "
-                f"{self.open:,} open, capacity {self.capacity.describe()}; close sessions "
-                f"sooner, raise PoolConfig.capacity_wait_s ({self.wait_s:g} s) or, if the "
-                f"host has room, PoolConfig.capacity") from None
+                f"{self.open:,} open, capacity {self.capacity.describe()}{memory}; close "
+                f"sessions sooner, raise PoolConfig.capacity_wait_s ({self.wait_s:g} s) "
+                f"or, if the host has room, PoolConfig.capacity") from None
         except BaseException:
             if fut.done() and not fut.cancelled():
                 self.leave()  # got a place, but the opener is gone: pass it on
             else:
                 fut.cancel()
             raise
+
+    def _short_of_memory(self) -> bool:
+        """MemAvailable below the floor, read at most every MEMORY_CHECK_S, and only
+        once MEMORY_CHECK_AFTER sessions are open (so there are sessions to wait for)."""
+        if self.open < MEMORY_CHECK_AFTER:
+            return False
+        now = time.monotonic()
+        if now - self._memory_at >= MEMORY_CHECK_S:
+            self._memory_at = now
+            avail = _mem_available()  # 0: unreadable (no MemAvailable): no guard
+            self._memory_short = 0 < avail < self.memory_floor
+        return self._memory_short
 
     def leave(self) -> None:
         """A session closed: its place goes to the longest waiter, if any."""
