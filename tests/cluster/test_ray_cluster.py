@@ -35,6 +35,7 @@ from trialbox.cluster.backend import (  # noqa: E402
 )
 from trialbox.cluster.node import FakeWorkload  # noqa: E402
 from trialbox.cluster.placement import TierUnavailable  # noqa: E402
+from trialbox.errors import UsageError  # noqa: E402
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskSpec  # noqa: E402
 from trialbox.store.journal import Journal  # noqa: E402
 
@@ -252,6 +253,9 @@ def test_spread_tier_and_session_affinity(cluster: Cluster, tmp_path: Path) -> N
 
     async def body() -> None:
         async with RayBackend(config(cluster, min_nodes=2)) as be:
+            # work goes over each node's direct channel, not Ray actor calls
+            assert all(m.channel is not None and m.info["channel"].startswith("direct")
+                       for m in be.members.values())
             await be.load("w", FakeWorkload(seconds=0.2))
             results, answers = await run_tasks(be, str(tmp_path / "spread.db"), 12)
             assert all(s == "done" for s, _ in results.values())
@@ -273,6 +277,28 @@ def test_spread_tier_and_session_affinity(cluster: Cluster, tmp_path: Path) -> N
         for node, report in be.close_reports.items():
             assert report["leaks"] == {"cgroups": [], "state": [], "processes": []}, node
         assert be.close_reports[b]["runs"] >= 6
+    asyncio.run(body())
+
+
+def test_a_node_whose_channel_is_out_of_reach_works_through_ray(
+        cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A firewall between driver and node (the connect refused): the node is still
+    used, through Ray actor calls, and says so; `channel="ray"` asks for that outright."""
+    from trialbox.cluster import backend as backend_mod
+
+    async def refused(*a: Any, **k: Any) -> Any:
+        raise ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.setattr(backend_mod.ChannelClient, "connect", refused)
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=2)) as be:
+            assert all(m.channel is None and m.info["channel"].startswith(
+                "ray (direct refused") for m in be.members.values())
+            await be.load("w", FakeWorkload())
+            results, _ = await run_tasks(be, str(tmp_path / "fallback.db"), 4)
+            assert all(s == "done" for s, _ in results.values())
+        with pytest.raises(UsageError, match="channel 'tcp'"):
+            ClusterConfig(channel="tcp")
     asyncio.run(body())
 
 

@@ -11,8 +11,10 @@ backend runs beside it, so both see the same background):
 * added latency per judged attempt: `--latency-runs` attempts one after another (HumanEval
   canonical solutions), graded by an `Evaluator` on a local pool and by the same
   `Evaluator` on the node (`RayBackend.run`); p50 of each and the difference. Also the
-  p50 of a no-op round trip through the backend (placement, the actor call, fencing):
-  the part of the difference that is Ray and trialbox.cluster, not judging noise; and
+  p50 of a no-op round trip through the backend (placement, the node's channel,
+  fencing): the part of the difference that is trialbox.cluster, not judging noise —
+  beside it the same no-op sent as a Ray actor call (`ClusterConfig.channel="ray"`,
+  what every attempt cost before the direct channel); and
   the same attempts' time on the node itself (`Node.run_times`) and the transport's part
   of each (through Ray minus on the node), so a slower node shows apart from Ray.
   The load average is reported: on a shared machine it moves these figures more than
@@ -137,10 +139,16 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
                     lat[name].append((time.perf_counter() - t0) * 1000)
             lat["node_side"] = await actor.run_times.remote()  # the same attempts' part
             transport = [r - n for r, n in zip(lat["ray"], lat["node_side"], strict=True)]
+            member = next(iter(be.members.values()))
+            direct = member.channel
+            lat["noop_ray"] = []
             for i in range(max(100, args.latency_runs)):
-                t0 = time.perf_counter()
-                await be.run("noop", i, tier="fake")
-                lat["noop"].append((time.perf_counter() - t0) * 1000)
+                for key in ("noop", "noop_ray"):  # the direct channel, a Ray actor call
+                    member.channel = direct if key == "noop" else None
+                    t0 = time.perf_counter()
+                    await be.run("noop", i, tier="fake")
+                    lat[key].append((time.perf_counter() - t0) * 1000)
+            member.channel = direct
             res["latency_ms"] = {k: round(report.median(v), 3) for k, v in lat.items()}
             res["latency_ms"]["transport"] = round(report.median(transport), 3)
             res["latency_ms"]["added"] = round(report.median(lat["ray"])
@@ -266,7 +274,8 @@ def render(res: dict[str, Any]) -> str:
         lines += [
             f"  judged attempt p50: local {lat['local']:.2f} ms, ray {lat['ray']:.2f} ms, "
             f"added {lat['added']:+.2f} ms (goal <= {GOAL_ADDED_MS} ms); no-op round trip "
-            f"{lat['noop']:.2f} ms; of the Ray attempt, on the node {lat['node_side']:.2f} "
+            f"{lat['noop']:.2f} ms (as a Ray actor call {lat.get('noop_ray', 0):.2f} ms); "
+            f"of the Ray attempt, on the node {lat['node_side']:.2f} "
             f"ms, transport {lat['transport']:.2f} ms "
             f"(load average {one.get('load_average')})",
             f"  throughput ({thr['attempts']} attempts, {thr['workers']} in flight): local "

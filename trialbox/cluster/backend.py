@@ -18,6 +18,11 @@ driver's, or it is refused) and takes work at once. Health: every `heartbeat_s` 
 is pinged; one whose actor died, whose raylet is gone, or that has not answered for
 `dead_after_s` is *lost*: its leases are fenced (their work fails with `NodeLost`, an
 `InfraError` the scheduler retries elsewhere) and any answer it still sends is discarded.
+
+The work itself travels beside Ray: each node serves `Node.run` on a TCP port of its own
+address and the driver keeps one connection to it (`channel.py`, `ClusterConfig.channel`),
+because a Ray actor call per judged attempt cost more than the attempt may add. A broken
+connection is a lost node, exactly as an actor death is.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from trialbox.cluster.channel import ChannelClient, ChannelClosed
 from trialbox.cluster.node import Node, NodeConfig, Workload, code_fingerprint
 from trialbox.cluster.placement import Lease, NodeInfo, NodeLost, Placer
 from trialbox.errors import InfraError, TrialboxError, UsageError
@@ -84,8 +90,16 @@ class ClusterConfig:
     node_runtime_env: dict[str, Any] | None = None
     """Ray runtime_env of the node actors (e.g. a working_dir with trialbox in it)."""
     namespace: str = "trialbox"
+    channel: str = "direct"
+    """How the driver sends work to a node: "direct" (a TCP connection to the node's
+    actor, `channel.py`; Ray still places, watches, loads and closes the node) or "ray"
+    (an actor call per piece of work). A node whose channel the driver cannot reach
+    (a firewall between them) is used through Ray, with a warning."""
 
     def __post_init__(self) -> None:
+        if self.channel not in ("direct", "ray"):
+            raise UsageError(f"channel {self.channel!r}: give 'direct' (a TCP connection "
+                             "to each node beside Ray) or 'ray' (Ray actor calls)")
         if not isinstance(self.address, str) or not self.address:
             raise UsageError("--address must be 'auto' or HOST:PORT of the Ray head")
         if self.address != "auto" and not self.address.startswith("ray://"):
@@ -106,6 +120,8 @@ class _Member:
     last_seen: float
     loaded: set[str] = field(default_factory=set)
     ping: asyncio.Task[None] | None = None
+    channel: ChannelClient | None = None
+    """The direct connection `run` uses (None: Ray actor calls)."""
 
 
 def _check_reachable(address: str, timeout: float) -> None:
@@ -154,6 +170,7 @@ class RayBackend:
         self.lost: dict[str, Any] = {}
         """Actors of lost nodes, by node id: left running (a cut-off node may still
         answer; the answer is discarded), killed at close."""
+        self._lost_channels: list[ChannelClient] = []
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> RayBackend:
@@ -220,6 +237,8 @@ class RayBackend:
             await asyncio.gather(self._monitor, return_exceptions=True)
         await asyncio.gather(*(self._close_member(nid) for nid in list(self.members)),
                              *(self._close_lost(nid, a) for nid, a in self.lost.items()))
+        for ch in self._lost_channels:
+            await ch.close()
         if self._owns_ray:
             ray.shutdown()
 
@@ -314,8 +333,9 @@ class RayBackend:
         try:
             problem = self._mismatch(await asyncio.wait_for(
                 _await(actor.versions.remote()), self.config.join_timeout_s))
+            host = address if self.config.channel == "direct" and address else None
             info = None if problem else await asyncio.wait_for(
-                _await(actor.start.remote()), self.config.join_timeout_s)
+                _await(actor.start.remote(host)), self.config.join_timeout_s)
         except (RayError, TimeoutError) as e:
             _kill(actor)
             if not await asyncio.to_thread(_alive, nid):
@@ -334,6 +354,19 @@ class RayBackend:
             self.refused[nid] = f"node {nid} ({address}): {problem}"
             return
         m = _Member(config, actor, info, time.monotonic())
+        where = info.pop("channel", None)  # its token stays out of what is shown
+        if where is not None:
+            try:
+                m.channel = await ChannelClient.connect(
+                    where, self.config.connect_timeout_s, label=f"node {nid}")
+                info["channel"] = f"direct {where['host']}:{where['port']}"
+            except (OSError, TimeoutError) as e:
+                log.warning("node %s: its channel at %s:%s is out of reach (%s); work "
+                            "goes through Ray actor calls instead", nid, where["host"],
+                            where["port"], e)
+                info["channel"] = f"ray (direct refused: {e})"
+        else:
+            info["channel"] = "ray"
         for name, w in self.workloads.items():
             try:
                 await actor.load.remote(name, w)
@@ -366,9 +399,11 @@ class RayBackend:
         log.warning("node %s lost (%s): %d leases fenced", nid, why, len(fenced))
         if m.ping is not None:
             m.ping.cancel()
-        # The actor is left alone: if it is only cut off, its late answers arrive and
-        # are discarded (`run`); it is killed when the backend closes.
+        # The actor (and its channel) is left alone: if it is only cut off, its late
+        # answers arrive and are discarded (`run`); it is killed when the backend closes.
         self.lost[nid] = m.actor
+        if m.channel is not None:
+            self._lost_channels.append(m.channel)
 
     async def _close_member(self, nid: str) -> None:
         m = self.members.pop(nid, None)
@@ -376,6 +411,8 @@ class RayBackend:
             return
         if m.ping is not None:
             m.ping.cancel()
+        if m.channel is not None:
+            await m.channel.close()
         try:
             self.close_reports[nid] = await asyncio.wait_for(
                 m.actor.close.remote(), timeout=60)
@@ -424,8 +461,13 @@ class RayBackend:
             self.placer.release(lease)
             raise NodeLost(f"node {lease.node} lost before the work started")
         lease.lost = asyncio.get_running_loop().create_future()
-        ref = m.actor.run.remote(lease.lease_id, name, payload, session)
-        answer: asyncio.Future[Any] = asyncio.ensure_future(_await(ref))
+        answer: asyncio.Future[Any]
+        if m.channel is not None:
+            answer = asyncio.ensure_future(
+                m.channel.call((lease.lease_id, name, payload, session)))
+        else:
+            answer = asyncio.ensure_future(_await(
+                m.actor.run.remote(lease.lease_id, name, payload, session)))
         try:
             await asyncio.wait([answer, lease.lost], return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -439,8 +481,9 @@ class RayBackend:
             raise NodeLost(f"node {lease.node} lost while running this work; retried "
                            "elsewhere")
         exc = answer.exception()
-        if isinstance(exc, RayActorError):  # died under us: Ray told us first
-            self._lose(lease.node, f"actor died: {type(exc).__name__}")
+        if isinstance(exc, (RayActorError, ChannelClosed)):  # died under us: told first
+            self._lose(lease.node, f"actor died: {type(exc).__name__}" if isinstance(
+                exc, RayActorError) else str(exc))
             _retrieve(lease.lost)
             raise NodeLost(f"node {lease.node} died while running this work "
                            f"({type(exc).__name__}); retried elsewhere") from exc

@@ -119,8 +119,12 @@ class Node:
         self.sessions: dict[str, dict[str, Any]] = {}
         self.stats = NodeStats()
         self._pools: list[Any] = []
+        self.channel: dict[str, Any] | None = None
+        self._server: Any = None
 
-    async def start(self) -> dict[str, Any]:
+    async def start(self, channel_host: str | None = None) -> dict[str, Any]:
+        """Open the providers; with `channel_host`, also serve `run` on a TCP port of
+        that address (`channel.py`: the driver's hot path beside Ray)."""
         for tier in self.config.tiers:
             if tier == "namespace":
                 from trialbox.sandbox.pool import CellPool
@@ -129,6 +133,14 @@ class Node:
                 self.providers[tier] = pool
             else:
                 self.providers[tier] = FakeProvider()
+        if channel_host is not None:
+            from trialbox.cluster.channel import ChannelServer
+
+            async def handle(args: Any) -> Any:
+                return await self.run(*args)
+            self._server = ChannelServer(handle, channel_host,
+                                         label=f"node {self.config.node_id}")
+            self.channel = await self._server.start()
         return self.info()
 
     def versions(self) -> dict[str, Any]:
@@ -145,7 +157,7 @@ class Node:
         return {"node_id": self.config.node_id, "pid": os.getpid(), **self.versions(),
                 "tiers": list(self.config.tiers), "slots": self.config.slots,
                 "runtimes": {t: p.runtime for t, p in self.providers.items()},
-                "pools": [p.id for p in self._pools]}
+                "pools": [p.id for p in self._pools], "channel": self.channel}
 
     async def ping(self) -> float:
         return time.time()
@@ -196,6 +208,9 @@ class Node:
     async def close(self) -> dict[str, Any]:
         """End sessions, workloads and pools; report what is left on the host of this
         node's pools (nothing, if all is well)."""
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
         for s in list(self.sessions):
             await self.end_session(s)
         for w in self.workloads.values():
