@@ -9,7 +9,8 @@ A machine is a trialbox node when its raylet declares the resources
 
     trialbox_node: 1           (one node actor per machine)
     trialbox_slots: N          (sandbox sessions in flight at once)
-    trialbox_tier_<tier>: 1    (per tier offered: namespace, fake)
+    trialbox_tier_<tier>: 1    (per tier offered: namespace, gvisor, container, fake;
+                                the node proves each with doctor's probe as it starts)
 
 The driver (this process) holds the journal and the scheduler; nodes hold sandboxes.
 Membership is polled (`poll_s`): a node that appears gets an actor pinned to it (hard
@@ -344,9 +345,11 @@ class RayBackend:
                 self.died_joining[nid] = f"{type(e).__name__}"
                 log.warning("node %s (%s) died while joining; skipped", nid, address)
                 return
+            cause = e.cause if isinstance(e, RayTaskError) else None
             why = ("did not start within "
                    f"{self.config.join_timeout_s:g} s" if isinstance(e, TimeoutError)
-                   else f"failed to start: {e}")
+                   else f"failed to start: {cause}" if isinstance(cause, TrialboxError)
+                   else f"failed to start: {e}")  # the node's own words, else Ray's
             self.failed[nid] = f"node {nid} ({address}) {why}"
             return
         if info is None:

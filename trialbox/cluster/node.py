@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from trialbox.errors import UsageError
+from trialbox.errors import SandboxUnavailable, UsageError
 from trialbox.judge.evaluate import Evaluator, Reference
-from trialbox.judge.function import JudgeConfig, judge_pool_config
+from trialbox.judge.function import JudgeConfig
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.sandbox.base import SandboxProvider
@@ -39,8 +39,9 @@ from trialbox.types import Grade, Task
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-TIERS = ("namespace", "fake")
-"""Tiers a node can offer today (the names of its `trialbox_tier_<name>` resources)."""
+TIERS = ("namespace", "gvisor", "container", "fake")
+"""Tiers a node can offer (the names of its `trialbox_tier_<name>` resources): the
+judging providers of `judge/provider.py` (`container` runs `runc`), and `fake` (tests)."""
 
 
 def code_fingerprint(package: str = PACKAGE) -> str:
@@ -123,24 +124,28 @@ class Node:
         self._server: Any = None
 
     async def start(self, channel_host: str | None = None) -> dict[str, Any]:
-        """Open the providers; with `channel_host`, also serve `run` on a TCP port of
-        that address (`channel.py`: the driver's hot path beside Ray)."""
-        for tier in self.config.tiers:
-            if tier == "namespace":
-                from trialbox.sandbox.pool import CellPool
-                pool = await CellPool(judge_pool_config(warm=self.config.warm)).start()
-                self._pools.append(pool)
-                self.providers[tier] = pool
-            else:
-                self.providers[tier] = FakeProvider()
-        if channel_host is not None:
-            from trialbox.cluster.channel import ChannelServer
+        """Open the providers, each tier proved first (`open_tier`); with
+        `channel_host`, also serve `run` on a TCP port of that address (`channel.py`:
+        the driver's hot path beside Ray)."""
+        try:
+            for tier in self.config.tiers:
+                if tier == "fake":
+                    self.providers[tier] = FakeProvider()
+                    continue
+                provider = await open_tier(tier, self.config)
+                self._pools.append(provider)
+                self.providers[tier] = provider
+            if channel_host is not None:
+                from trialbox.cluster.channel import ChannelServer
 
-            async def handle(args: Any) -> Any:
-                return await self.run(*args)
-            self._server = ChannelServer(handle, channel_host,
-                                         label=f"node {self.config.node_id}")
-            self.channel = await self._server.start()
+                async def handle(args: Any) -> Any:
+                    return await self.run(*args)
+                self._server = ChannelServer(handle, channel_host,
+                                             label=f"node {self.config.node_id}")
+                self.channel = await self._server.start()
+        except BaseException:  # a tier it cannot run: nothing half-started stays
+            await self._close_pools()
+            raise
         return self.info()
 
     def versions(self) -> dict[str, Any]:
@@ -157,6 +162,7 @@ class Node:
         return {"node_id": self.config.node_id, "pid": os.getpid(), **self.versions(),
                 "tiers": list(self.config.tiers), "slots": self.config.slots,
                 "runtimes": {t: p.runtime for t, p in self.providers.items()},
+                "engines": {t: engine_of(p) for t, p in self.providers.items()},
                 "pools": [p.id for p in self._pools], "channel": self.channel}
 
     async def ping(self) -> float:
@@ -205,6 +211,11 @@ class Node:
     def lease_ids(self) -> list[int]:
         return list(self.stats.lease_ids)
 
+    async def _close_pools(self) -> None:
+        pools, self._pools = self._pools, []
+        for p in pools:
+            await p.close()
+
     async def close(self) -> dict[str, Any]:
         """End sessions, workloads and pools; report what is left on the host of this
         node's pools (nothing, if all is well)."""
@@ -217,17 +228,63 @@ class Node:
             await w.close()
         self.workloads.clear()
         ids = [p.id for p in self._pools]
-        for p in self._pools:
-            await p.close()
-        self._pools.clear()
+        await self._close_pools()
         return {"runs": self.stats.runs, "lease_ids": list(self.stats.lease_ids),
                 "leaks": await asyncio.to_thread(leaks_of, ids)}
 
 
+# ---------------------------------------------------------------------- tiers
+async def probe_tier(tier: str) -> Any:
+    """`trialbox doctor`'s verdict on `tier` here (`sandbox/doctor.py`, a `TierReport`):
+    a real sandbox of the tier is started and runs /bin/true. `container` is runc's,
+    the runtime `ContainerProvider` uses."""
+    from trialbox.sandbox import doctor
+    if tier == "namespace":
+        return await doctor.check_namespace()
+    if tier == "gvisor":
+        return await doctor.check_gvisor()
+    if tier == "container":
+        return await doctor.check_container("runc")
+    raise UsageError(f"no probe for tier {tier!r}")
+
+
+async def open_tier(tier: str, config: NodeConfig) -> Any:
+    """The started judging provider of `tier` on this node (`judge.provider.make_provider`,
+    `config.warm` sessions kept ready), once doctor's probe has proved the tier runs
+    here. A tier the node declares but cannot run is a `SandboxUnavailable` naming the
+    tier, what is missing and the fix: the node does not start (never another tier)."""
+    from trialbox.judge.provider import make_provider
+    report = await probe_tier(tier)
+    if not report.ok:
+        raise SandboxUnavailable(
+            f"this node declares trialbox_tier_{tier} but cannot run the "
+            f"{tier} tier: {report.reason}" + (f" (fix: {report.fix})" if report.fix else "")
+            + f". Fix it, or start the node without trialbox_tier_{tier}")
+    provider = make_provider(tier, warm=config.warm)
+    try:
+        await provider.start()
+    except BaseException:
+        await provider.close()
+        raise
+    return provider
+
+
+def engine_of(provider: SandboxProvider) -> str:
+    """What runs the provider's sandboxes: the OCI runtime (`runsc`, `runc`), else the
+    tier's own machinery (`namespace`: trialbox's cells; `fake`)."""
+    engine = getattr(provider, "engine", None)
+    return str(engine.name) if engine is not None else provider.tier
+
+
 def leaks_of(pool_ids: list[str]) -> dict[str, list[str]]:
-    """Cgroups, session directories and processes still on this host for these pools
-    (pool ids name their cgroups and state dirs, `sandbox/pool.py`)."""
+    """Cgroups, state and processes still on this host for these pools: namespace pools
+    (`sandbox/pool.py`: `trialbox/<id>` cgroups, `<state_dir>/<id>`) and OCI providers
+    (`sandbox/oci.py`: `trialbox-oci/<id>` cgroups in every hierarchy, `<state_dir>/<id>`
+    with the runtime's container state, mounts under it, and any process in those cgroups
+    or naming that directory — a runsc sandbox or gofer left running)."""
     from trialbox.sandbox.cgroups import CgroupDriver
+    from trialbox.sandbox.mounts import mounts_under
+    from trialbox.sandbox.oci import OciConfig, cgroup_roots
     from trialbox.sandbox.pool import PoolConfig
     found: dict[str, list[str]] = {"cgroups": [], "state": [], "processes": []}
     if not pool_ids:
@@ -237,25 +294,30 @@ def leaks_of(pool_ids: list[str]) -> dict[str, list[str]]:
         tops = list(driver.dirs("trialbox"))
     except Exception:
         tops = []
+    tops += [os.path.join(root, "trialbox-oci") for root in cgroup_roots()]
     for top in tops:
         for pid in pool_ids:
             d = os.path.join(top, pid)
             if os.path.isdir(d):
                 found["cgroups"].append(d)
-    state = PoolConfig().state_dir
-    for pid in pool_ids:
-        d = os.path.join(state, pid)
+    oci_dirs = [os.path.join(OciConfig().state_dir, pid) for pid in pool_ids]
+    for d in [os.path.join(PoolConfig().state_dir, pid) for pid in pool_ids] + oci_dirs:
         if os.path.exists(d):
             found["state"].append(d)
+        found["state"] += [f"mount {m}" for m in mounts_under(d)]
+    marks = [f"{top}/{p}{end}" for top in ("trialbox", "trialbox-oci") for p in pool_ids
+             for end in ("/", "\n")]
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/cgroup") as f:
                 text = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as fb:
+                cmdline = fb.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(f"trialbox/{p}" in text for p in pool_ids):
+        if (any(m in text for m in marks) or any(d + "/" in cmdline for d in oci_dirs)):
             found["processes"].append(name)
     return found
 
