@@ -2,7 +2,8 @@
 and `--tier container` get their provider from `judge_provider` (sandbox/tiers.py's
 router), and a handful of HumanEval canonical solutions pass there while exploits from
 the bench's catalogue do not — the candidate and the trusted harness in two sandboxes of
-that tier, joined by a socketpair passed in as fd 3. (All 164 on every tier:
+that tier and the trusted harness on the namespace tier (judge/provider.py's
+SplitProvider), joined by a socketpair passed in as fd 3. (All 164 on every tier:
 scripts/eval-tiers.sh; too long for `make test`.)
 
 A tier is skipped only when `trialbox doctor` says this node cannot run it."""
@@ -18,12 +19,12 @@ import pytest
 from trialbox.bench.humaneval_mix import exploit_completion
 from trialbox.errors import SandboxUnavailable
 from trialbox.judge.evaluate import evaluate
-from trialbox.judge.function import JudgeConfig
-from trialbox.judge.provider import judge_provider
+from trialbox.judge.function import JudgeConfig, open_harness
+from trialbox.judge.provider import harness_provider, judge_provider
 from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.doctor import check_container, check_gvisor
 from trialbox.store.tasks import index, load_tasks
-from trialbox.types import Task
+from trialbox.types import Task, TaskKind, TestCase
 
 CANONICAL = ("HumanEval/0", "HumanEval/2", "HumanEval/38", "HumanEval/53", "HumanEval/162")
 """Plain ones, one with a prompt helper the harness needs (38: encode_cyclic), and one
@@ -97,6 +98,37 @@ def test_canonical_solutions_pass_and_exploits_do_not(tier: TierRunner,
         assert not r["tests"] or not all(t["passed"] for t in r["tests"]), (name, r["tests"])
 
 
+def test_the_harness_runs_on_the_namespace_tier_and_the_candidate_in_the_tier(
+        tier: TierRunner) -> None:
+    """Asked from inside: the candidate's function returns the kernel release its
+    process sees, and the trusted test checks it against the one the harness's process
+    sees. Under gVisor the candidate sees gVisor's (4.4.0) and the harness, on the
+    namespace tier, the host's: one gVisor run per attempt, not two. (Fails with the
+    harness in gVisor too: it would see 4.4.0.)"""
+    import os
+    provider = tier.provider
+    assert provider.tier == tier.tier and harness_provider(provider).tier == "namespace"
+    harness = tier.run(open_harness(provider))
+    assert harness.tier == "namespace"  # type: ignore[attr-defined]
+    tier.run(harness.close())  # type: ignore[attr-defined]
+    host = os.uname().release
+    assert host != "4.4.0"
+    candidate_sees = "4.4.0" if tier.tier == "gvisor" else host
+    task = Task("where/0", TaskKind.FUNCTION, "import os\n\n\ndef kernel():\n",
+                entry_point="kernel", canonical_solution="    return os.uname().release\n",
+                test_setup="import os",
+                hidden_tests=(TestCase("candidate", f"assert candidate() == {candidate_sees!r}"),
+                              TestCase("harness", f"assert os.uname().release == {host!r}")))
+    samples: list[dict[str, str] | str] = [
+        {"task_id": task.task_id, "completion": task.canonical_solution},
+        {"task_id": task.task_id, "completion": "    return 'elsewhere'\n"}]
+    rows, _summary = tier.run(evaluate({task.task_id: task}, samples, provider, workers=1))
+    passed, wrong = rows  # type: ignore[misc]
+    assert passed.outcome.value == "passed", (passed.message, passed.tests)
+    assert wrong.outcome.value == "failed" and [t.passed for t in wrong.tests] == [
+        False, True], wrong.tests
+
+
 def test_eval_cli_judges_in_the_tier_asked_and_refuses_a_weaker_one(tmp_path, capsys,
                                                                      tasks) -> None:
     """`trialbox eval --tier container` judges there; a hostile task (gvisor by the
@@ -127,3 +159,18 @@ def test_eval_cli_judges_in_the_tier_asked_and_refuses_a_weaker_one(tmp_path, ca
     rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert [r["outcome"] for r in rows] == ["passed", "failed"], rows
     assert json.loads(out.splitlines()[-1])["pass@1"] == 0.5
+
+
+def test_the_split_ab_bench_runs_both_sides_with_the_same_verdicts(capsys) -> None:
+    """`python -m trialbox.bench.humaneval_split`, tiny: both sides judge the same
+    samples alike, the harness on namespace in one and in gVisor in the other."""
+    import json
+
+    from trialbox.bench.humaneval_split import main
+    if why := doctor_says_unavailable("gvisor"):
+        pytest.skip(why)
+    assert main(["--rounds", "1", "--limit", "2", "--workers", "2"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["split_harness_tier"] == "namespace" and out["unsplit_harness_tier"] == "gvisor"
+    assert out["same_verdicts"] and out["samples"] == 6
+    assert [r["right"] for s in ("split", "unsplit") for r in out["rounds"][s]] == [6, 6]

@@ -115,13 +115,18 @@ ISOLATION_TIERS = {
               "rlimits, cgroup memory/CPU measured from outside) of its own for the "
               "attempt — a recycled one: every process of the last attempt killed, its "
               "files emptied, IPC namespace per run (oci.Engine.recycle); the tests in a "
-              "separate trusted gVisor sandbox (one per worker, reused); joined only by a "
-              "socketpair carrying plain data (codec: exact builtin types)",
+              "separate trusted sandbox (one per worker, reused) on the namespace tier "
+              "(judge.provider.SplitProvider; in gVisor too where the namespace tier "
+              "cannot start); joined only by a socketpair carrying plain data (codec: "
+              "exact builtin types)",
     "container": "every attempt: the candidate in an OCI container (runc; user namespace, "
                  "no network, read-only root, seccomp, cgroups) of its own; the tests in "
-                 "a separate trusted container; joined only by a socketpair carrying "
-                 "plain data",
+                 "a separate trusted sandbox on the namespace tier (a container where it "
+                 "cannot start); joined only by a socketpair carrying plain data",
 }
+"""What trialbox's isolation is on the other tiers (its `harness_tier` says where the
+trusted harness ran)."""
+
 
 SANDBOXFUSION = {
     "unisolated_tasks_per_s": [70, 79], "isolated_tasks_per_s": [9, 10],
@@ -427,12 +432,24 @@ def trialbox_cpu_s(pool: Any, meter: CpuMeter | None) -> float | None:
     machine's other load does not inflate the way it does wall time: the meter's cgroup
     (this process: the judge, the supervisor and their threads; the zygote; every cell's
     set-up before it joins its own cgroup) plus the pool's cgroups (the candidates and
-    harnesses, the cells' teardown). Kernel work deferred to kernel threads (a namespace's
-    final teardown) is in neither. None without a meter or when the pool does not expose
-    its cgroups."""
+    harnesses, the cells' teardown) — each provider's of a split one (the candidates'
+    and the harness's). Kernel work deferred to kernel threads (a namespace's final
+    teardown) is in neither. None without a meter or when a pool does not expose its
+    cgroups."""
     own = meter.read() if meter is not None else None
     if own is None or meter is None or meter.dir is None:
         return None
+    total = own
+    for part in getattr(pool, "parts", (pool,)):
+        used = _pool_cpu_s(part, meter.dir)
+        if used is None:
+            return None
+        total += used
+    return total
+
+
+def _pool_cpu_s(pool: Any, meter_dir: str) -> float | None:
+    """CPU seconds in one provider's cgroups outside the meter's (0 when inside it)."""
     try:
         if getattr(pool, "zygote", None) is None:  # an OCI tier: runsc / runc in cgroups
             dirs = pool.cgroups.dirs(f"trialbox-oci/{pool.id}")  # (a lower bound: a
@@ -440,19 +457,19 @@ def trialbox_cpu_s(pool: Any, meter: CpuMeter | None) -> float | None:
             dirs = pool.cgroups.dirs(f"trialbox/{pool.id}")
     except AttributeError:
         return None
-    if any(d.startswith(meter.dir + "/") for d in dirs):
-        return own  # the pool's cgroups are inside the meter's: counted already
+    if any(d.startswith(meter_dir + "/") for d in dirs):
+        return 0.0  # the pool's cgroups are inside the meter's: counted already
     try:
         for d in dirs:  # v1
             if os.path.exists(os.path.join(d, "cpuacct.usage")):
                 with open(os.path.join(d, "cpuacct.usage")) as f:
-                    return own + int(f.read()) / 1e9
+                    return int(f.read()) / 1e9
         for d in dirs:  # v2 (v1's cpu.stat has no usage_usec)
             if os.path.exists(os.path.join(d, "cpu.stat")):
                 with open(os.path.join(d, "cpu.stat")) as f:
                     usage = dict(line.split()[:2] for line in f if line.strip())
                 if "usage_usec" in usage:
-                    return own + int(usage["usage_usec"]) / 1e6
+                    return int(usage["usage_usec"]) / 1e6
     except (OSError, ValueError):
         return None
     return None
@@ -766,10 +783,14 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str,
             f.write(json.dumps(row) + "\n")
 
     pool: Any = None
+    harness_tier = params["tier"]
     try:
-        from trialbox.judge.provider import make_provider
+        from trialbox.judge.provider import harness_provider, make_provider
         pool = make_provider(params["tier"], warm=params["pool_warm"])
         await pool.start()
+        harness_tier = harness_provider(pool).tier
+        _log(f"trialbox judges candidates on the {pool.tier} tier, the trusted harness on "
+             f"the {harness_tier} tier")
         machine["runtime_python"] = pool.runtime.version
         _log(f"trialbox warm-up: {min(workers, len(samples))} samples, not counted")
         await trialbox_round(tasks, samples[:workers], pool, workers)
@@ -830,8 +851,9 @@ async def _run(params: dict[str, Any], machine: dict[str, Any], workdir: str,
                             "max": _r(max(lats) if lats else math.nan), "n": len(lats)}
         tb["pool"] = (f"CellPool(judge_pool_config(warm={params['pool_warm']}))"
                       if params["tier"] == "namespace" else
-                      f"judge_provider({params['tier']!r}, warm={params['pool_warm']})")
+                      f"make_provider({params['tier']!r}, warm={params['pool_warm']})")
         tb["tier"] = params["tier"]
+        tb["harness_tier"] = harness_tier
         if params["tier"] != "namespace":
             tb["isolation"] = ISOLATION_TIERS[params["tier"]]
         systems["trialbox"] = tb

@@ -8,6 +8,11 @@ Two sandboxes per attempt, joined only by a socketpair:
       answer calls with plain data                with `candidate` = a proxy; print the
                                                   results with a nonce from stdin
 
+The two sessions may come from different tiers: a `SplitProvider` (provider.py, the
+default of `trialbox eval --tier gvisor|container`) opens the candidate's in gVisor and
+the harness's on the namespace tier (`open_harness`); the socketpair is the
+supervisor's, one end handed to each session.
+
 Test code and expected answers never enter the candidate's process; values cross as
 plain data through `codec.py` (exact builtin types only), so an always-equal object,
 patched builtins, an early exit, forged output or a walk up the stack cannot make a test
@@ -37,7 +42,7 @@ from functools import cache
 from typing import Any, Protocol, TypeVar
 
 from trialbox.errors import SandboxUnavailable, UsageError
-from trialbox.judge.provider import candidate_limits
+from trialbox.judge.provider import candidate_limits, harness_provider
 from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra_retries
 from trialbox.judge.anticheat import (
     BOUNDARY_DETECTORS,
@@ -152,8 +157,11 @@ class _Opener(Protocol[_S]):
 async def open_harness(pool: _Opener[_S], config: JudgeConfig | None = None) -> _S:
     """A session for the trusted harness that several judgements may share, one at a
     time (every process of a run dies with it; only job.json changes between tasks).
-    The candidate always gets a fresh session of its own."""
+    The candidate always gets a fresh session of its own. From `pool`'s harness
+    provider (`provider.harness_provider`): a `SplitProvider` judging candidates in
+    gVisor gives the harness a namespace-tier session."""
     config = config or JudgeConfig()
+    pool = harness_provider(pool)
     _check_provider(pool, "open_harness")
     harness = await pool.open(config.harness_limits)
     await harness.write_file("_trialbox_codec.py", _program("codec.py"))
