@@ -47,7 +47,8 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench service --out .bench/service.json
 	$(VENV)/bin/trialbox bench telemetry --out .bench/telemetry.json
 	$(VENV)/bin/trialbox bench fork --judge 8,32 --judge-mb 50 --out .bench/fork.json  # snapshot + fork-8 vs copying, 1/50/500 MB; a 50 MB repository task graded 8 and 32 times on forks vs copies (~3 min)
-	$(VENV)/bin/trialbox bench density --sessions 3000 --out .bench/density.json  # live sessions on one node (~3.5 min loaded; 10,000: run it alone, BENCHMARKS.md)
+	$(VENV)/bin/trialbox bench density --sessions 3000 --out .bench/density.json  # sessions holding their cells (~3.5 min loaded)
+	$(VENV)/bin/trialbox bench density --sessions 10000 --park --out .bench/density-parked.json  # 10,000 open sessions, parked between commands, each runs twice (~1 min)
 	$(VENV)/bin/trialbox bench train --out .bench/train.json
 	bash scripts/check-extras.sh  # trialbox and each extra from a fresh venv (~10 min: installs torch & co.)
 	$(VENV)/bin/trialbox demo --seeds 3,4,5 --json .bench/demo.json  # test pass@1 before/after GRPO, 3 seeds the recipe was not tuned on (~30 min)

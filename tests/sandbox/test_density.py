@@ -156,6 +156,19 @@ def test_density_bench_small():
     assert out["live"] == 200 and out["failed"] == 0
     assert out["queue"]["waiting_after_0.5s"] == 8 and out["queue"]["started_while_full"] == 0
     assert out["memory_per_session_mib"]["pss_kernel"] > 0
+    assert out["second_command"] == {"ran": 200, "failed": 0, "errors": [],
+                                     "s": out["second_command"]["s"]}
+
+
+def test_density_bench_parked_sessions_keep_their_files_and_run_again():
+    """--park: each session hands its cell back after its command (what it costs while
+    the model thinks), keeps its workspace, and runs again on a fresh cell: the second
+    command reads the file the first wrote, in every one of them."""
+    out = asyncio.run(run_density(300, concurrency=32, extra=0, park=True))
+    assert out["ok"], out
+    assert out["second_command"]["ran"] == 300 and out["second_command"]["failed"] == 0
+    # a parked session holds no cell: far less than a held one (~1.5 MiB)
+    assert out["memory_per_session_mib"]["pss_kernel"] < 0.5, out
 
 
 def test_openers_wait_when_memory_runs_short_before_the_estimated_capacity():
@@ -183,3 +196,42 @@ def test_openers_wait_when_memory_runs_short_before_the_estimated_capacity():
     assert got_in and adm.open == MEMORY_CHECK_AFTER and adm.memory_waits == 2
     adm, refused, got_in = asyncio.run(body(1))  # memory to spare: no wait at all
     assert refused is None and adm.memory_waits == 0 and adm.open == MEMORY_CHECK_AFTER + 1
+
+
+def test_cells_wait_for_memory_when_parked_sessions_run_at_once():
+    """Parked sessions hold no cell, so thousands can be open; if they all run at once,
+    each run needs a cell. Past `memory_check_after` live cells with MemAvailable under
+    the floor, a run waits for a cell to come back (a session parks) instead of starting
+    one more — and after `capacity_wait_s` gets `Unavailable` naming memory, never a
+    silent infra result."""
+    async def body() -> None:
+        pool = await CellPool(PoolConfig(warm=0, capacity=20, capacity_wait_s=2)).start()
+        try:
+            pool.memory_check_after = 2
+            a, b = [await NamespaceSandbox.open(pool, FAST) for _ in range(2)]
+            for sb in (a, b):  # each holds a cell: two live
+                assert (await sb.exec(["true"])).status is ExecStatus.OK
+            assert pool.admission is not None
+            pool.admission.memory_floor = 1 << 60  # every reading is "short"
+            pool.admission._memory_at = -1.0
+            await pool.settle()  # cells already warming when memory ran short finish...
+            held = []
+            while pool._ready:  # ...and are taken: from here on, a run needs a new one
+                held.append(await NamespaceSandbox.open(pool, FAST))
+                assert (await held[-1].exec(["true"])).status is ExecStatus.OK
+            c = await NamespaceSandbox.open(pool, FAST)
+            run_c = asyncio.ensure_future(c.exec(["echo", "c"]))
+            await asyncio.sleep(0.5)
+            assert not run_c.done()  # no third cell started into short memory
+            assert pool.cell_memory_waits == 1
+            await a.park()  # a's cell comes back: c runs on it
+            r = await asyncio.wait_for(run_c, 10)
+            assert r.status is ExecStatus.OK and r.stdout == b"c\n"
+            d = await NamespaceSandbox.open(pool, FAST)  # nothing comes back for d
+            with pytest.raises(Unavailable, match="no memory for another cell"):
+                await d.exec(["true"])
+            for sb in (a, b, c, d, *held):
+                await sb.close()
+        finally:
+            await pool.close()
+    asyncio.run(body())

@@ -14,6 +14,8 @@ the end all N are live at once. Then it reports:
   by every other process on the host too) and the cells' cgroup charge ("cgroup");
 - descriptors the supervisor holds per live session, and the RLIMIT_NOFILE in force;
 - the node's derived capacity (capacity.py) next to N;
+- that every live session can still run: with all N open, a second command in each
+  reads the file its first wrote (with --park, each takes a cell again and parks);
 - capacity queueing: with all N open, `--extra` more openers wait (none fails); as many
   sessions close, they get in, run, and their wait is reported; one more with a short
   deadline gets `Unavailable` naming what to change.
@@ -136,7 +138,8 @@ async def _open_and_run(pool: CellPool, i: int, park: bool) -> tuple[NamespaceSa
     t0 = time.monotonic()
     sb = await NamespaceSandbox.open(pool, Limits(wall_s=30))
     try:
-        r = await sb.exec(["python3", "-c", f"print({i} * 7)"])
+        r = await sb.exec(["python3", "-c",
+                           f"print(open('n.txt', 'w').write(str({i} * 7)) and {i} * 7)"])
         if r.status is not ExecStatus.OK or r.stdout != f"{i * 7}\n".encode():
             raise RuntimeError(f"session {i}: {r.status.value} {r.message!r} "
                                f"stdout={r.stdout[:80]!r}")
@@ -146,6 +149,18 @@ async def _open_and_run(pool: CellPool, i: int, park: bool) -> tuple[NamespaceSa
         await sb.close()
         raise
     return sb, (time.monotonic() - t0) * 1e3
+
+
+async def _run_again(sb: NamespaceSandbox, i: int) -> None:
+    """The session's second command: reads the file its first one wrote (a parked
+    session takes a cell again, with its workspace), then parks or holds as before."""
+    parked = sb.parked
+    r = await sb.exec(["python3", "-c", "print(open('n.txt').read())"])
+    if r.status is not ExecStatus.OK or r.stdout != f"{i * 7}\n".encode():
+        raise RuntimeError(f"session {i}, second command: {r.status.value} "
+                           f"{r.message!r} stdout={r.stdout[:80]!r}")
+    if parked:
+        await sb.park()
 
 
 async def run_density(n: int, concurrency: int = 32, extra: int = 32,
@@ -171,6 +186,7 @@ async def run_density(n: int, concurrency: int = 32, extra: int = 32,
         latencies: list[float] = []
         errors: list[str] = []
         next_i = iter(range(n))
+        number: dict[int, int] = {}
 
         async def worker() -> None:
             for i in next_i:
@@ -180,6 +196,7 @@ async def run_density(n: int, concurrency: int = 32, extra: int = 32,
                     errors.append(f"{type(e).__name__}: {e}")
                     continue
                 sessions.append(sb)
+                number[id(sb)] = i
                 latencies.append(ms)
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
@@ -205,6 +222,21 @@ async def run_density(n: int, concurrency: int = 32, extra: int = 32,
             "supervisor_rss": round((rss1 - rss0) / max(1, live) / MiB, 3)}
         out["fds_per_session"] = round((fd1 - fd0) / max(1, live), 2)
         out["cells_live"] = len(pool._live)
+
+        # -- every live session can still run: a second command in each, all N open
+        t1, again_errors = time.monotonic(), []
+        todo = iter(list(sessions))
+
+        async def again() -> None:
+            for sb in todo:
+                try:
+                    await _run_again(sb, number[id(sb)])
+                except Exception as e:
+                    again_errors.append(f"{type(e).__name__}: {e}")
+        await asyncio.gather(*(again() for _ in range(min(concurrency, n))))
+        out["second_command"] = {"ran": live - len(again_errors),
+                                 "failed": len(again_errors), "errors": again_errors[:5],
+                                 "s": round(time.monotonic() - t1, 2)}
 
         # -- past capacity: openers wait, then get in as sessions close
         assert pool.admission is not None
@@ -239,6 +271,7 @@ async def run_density(n: int, concurrency: int = 32, extra: int = 32,
         out["close_s"] = round(time.monotonic() - t2, 2)
     q = out["queue"]
     out["ok"] = (out["failed"] == 0 and out["live"] == n
+                 and out.get("second_command", {}).get("failed", 1) == 0
                  and (extra == 0 or (q.get("waiting_after_0.5s") == extra
                                      and q.get("started_while_full") == 0
                                      and not q.get("failed")
@@ -260,6 +293,11 @@ def render(out: dict[str, Any]) -> str:
                  f"cgroup charge {m['cgroup']} MiB; "
                  f"{out['fds_per_session']} descriptors each (RLIMIT_NOFILE {out['fd_limit']:,})")
     d = out["derived_capacity"]
+    a = out.get("second_command")
+    if a:
+        lines.append(f"then a second command in every live session (it reads the file "
+                     f"the first wrote): {a['ran']:,} ran, {a['failed']} failed, in "
+                     f"{a['s']} s")
     lines.append(f"derived node capacity: {d['sessions']:,} sessions ({d['limit']}: "
                  f"{d['bounds']})")
     if q.get("extra"):

@@ -251,6 +251,13 @@ class Admission:
         once MEMORY_CHECK_AFTER sessions are open (so there are sessions to wait for)."""
         if self.open < MEMORY_CHECK_AFTER:
             return False
+        return self.memory_short()
+
+    def memory_short(self) -> bool:
+        """MemAvailable below the floor (read at most every MEMORY_CHECK_S). The pool
+        asks it too before it starts a cell past MEMORY_CHECK_AFTER live ones: parked
+        sessions hold no cell, and thousands of them running at once must wait for
+        cells to come back rather than take the host's last memory."""
         now = time.monotonic()
         if now - self._memory_at >= MEMORY_CHECK_S:
             self._memory_at = now

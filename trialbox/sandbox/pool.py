@@ -31,9 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError, ZygoteDied
+from trialbox.errors import (SandboxStartError, SandboxUnavailable, Unavailable, UsageError,
+                             ZygoteDied)
 from trialbox.sandbox import mounts
-from trialbox.sandbox.capacity import Admission, derive_capacity, raise_fd_limit
+from trialbox.sandbox.capacity import (MEMORY_CHECK_AFTER, Admission, derive_capacity,
+                                       raise_fd_limit)
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.reaper import owner_id, reap_orphans
 from trialbox.sandbox.zygote_client import (BASE_ENV, Cell, FdReader, SocketReader, Zygote,
@@ -189,6 +191,10 @@ class CellPool:
         self.admission: Admission | None = None
         """Open sessions against the node's capacity (set at start; capacity.py)."""
         self._starting = asyncio.Semaphore(self.config.max_starting)
+        self.memory_check_after = MEMORY_CHECK_AFTER
+        """Live cells past which a new cell first checks MemAvailable (acquire)."""
+        self.cell_memory_waits = 0
+        """Cell takers that waited for memory (a cell to come back) before starting."""
         self.image_guard: ImageGuard | None = None
         """Verifies `PoolConfig.image` (image_verify.py); None without an image."""
 
@@ -501,18 +507,45 @@ class CellPool:
             while self._ready:  # cells of a dead zygote die with it
                 self.release(self._ready.popleft())
         try:
-            if not net and not fresh:
-                while self._ready:
-                    cell = self._ready.popleft()
-                    if cell.status is not None and not cell.status.done.done():
-                        self._refill()
-                        return cell
-                    self.release(cell)
+            deadline = 0.0
+            while True:
+                if not net and not fresh:
+                    while self._ready:
+                        cell = self._ready.popleft()
+                        if cell.status is not None and not cell.status.done.done():
+                            self._refill()
+                            return cell
+                        self.release(cell)
+                if not self._short_of_memory():
+                    break
+                # Past MEMORY_CHECK_AFTER live cells with MemAvailable under the floor:
+                # wait for a cell to come back (a run ends, a session parks or closes)
+                # instead of starting one more.
+                now = time.monotonic()
+                if not deadline:
+                    deadline = now + self.config.capacity_wait_s
+                    self.cell_memory_waits += 1
+                elif now > deadline:
+                    assert self.admission is not None
+                    raise Unavailable(
+                        f"no memory for another cell on this node after "
+                        f"{self.config.capacity_wait_s:g} s: {len(self._live):,} cells "
+                        f"live, MemAvailable below the floor of "
+                        f"{self.admission.memory_floor >> 20:,} MiB; park or close "
+                        "sessions between runs (fewer run at once), or raise "
+                        "PoolConfig.capacity_wait_s")
+                await asyncio.sleep(0.05)
             self._refill()
             return await self._make_cell(net)
         except BaseException:
             self._in_use -= 1
             raise
+
+    def _short_of_memory(self) -> bool:
+        """Too little memory for another cell: past MEMORY_CHECK_AFTER live cells, and
+        MemAvailable under the admission's floor (capacity.py)."""
+        return (len(self._live) >= self.memory_check_after and self.admission is not None
+                and self.admission.memory_short())
 
     async def cell_netns(self, cell: Cell) -> int:
         """An fd of the cell's network namespace (its init's: the zygote knows its pid),
@@ -648,6 +681,8 @@ class CellPool:
         # taken and handed back (recycled) a moment later does not start a warm-up
         # each time. With both rules, a judge's steady take-and-return stops making
         # and destroying a cell every ~2 attempts.
+        if self._short_of_memory():
+            return  # no warm-up into the host's last memory; takers wait (acquire)
         stock = len(self._ready) + self._warming
         if stock < max(1, target // 2):
             self._refilling = True
