@@ -466,12 +466,18 @@ class RayBackend:
         lease.lost = asyncio.get_running_loop().create_future()
         answer: asyncio.Future[Any]
         if m.channel is not None:
-            answer = asyncio.ensure_future(
-                m.channel.call((lease.lease_id, name, payload, session)))
+            try:  # written now: no task and no loop turn before the bytes leave
+                answer = m.channel.send((lease.lease_id, name, payload, session))
+            except ChannelClosed as e:
+                self.placer.release(lease)
+                self._lose(lease.node, str(e))
+                raise NodeLost(f"node {lease.node}: {e}; retried elsewhere") from e
         else:
             answer = asyncio.ensure_future(_await(
                 m.actor.run.remote(lease.lease_id, name, payload, session)))
         try:
+            if m.channel is not None:
+                await m.channel.drained()
             await asyncio.wait([answer, lease.lost], return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             answer.cancel()

@@ -197,24 +197,38 @@ class ChannelClient:
     def closed(self) -> bool:
         return self._closed is not None
 
-    async def call(self, args: Any) -> Any:
-        """Send `args` to the node's handler; its answer, or its exception as raised
-        there (a `TrialboxError`; anything else arrives as `InfraError`). Raises
-        `ChannelClosed` if the connection is (or goes) down first."""
+    def send(self, args: Any) -> asyncio.Future[Any]:
+        """Write `args` to the node now (no task, no loop turn before the bytes leave)
+        and return the future of its answer: the node's value, or its exception as
+        raised there (a `TrialboxError`; anything else arrives as `InfraError`);
+        `ChannelClosed` if the connection is (or goes) down first. Cancelling the
+        future forgets the call (a late answer is dropped)."""
         if self._closed is not None:
             raise ChannelClosed(f"{self.label}: channel closed ({self._closed})")
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
         try:
             self._writer.write(_frame((rid, args)))
-            await self._writer.drain()
-            return await fut
         except (ConnectionError, OSError) as e:
             self._fail(f"{type(e).__name__}: {e}")
             raise ChannelClosed(f"{self.label}: channel closed ({self._closed})") from e
-        finally:
-            self._pending.pop(rid, None)
+        self._pending[rid] = fut
+        fut.add_done_callback(lambda _f: self._pending.pop(rid, None))
+        return fut
+
+    async def drained(self) -> None:
+        """Wait while the connection's send buffer is over its high-water mark (a burst
+        of calls bigger than the socket takes at once); at once otherwise."""
+        try:
+            await self._writer.drain()
+        except (ConnectionError, OSError) as e:
+            self._fail(f"{type(e).__name__}: {e}")
+
+    async def call(self, args: Any) -> Any:
+        """`send`, then wait for the answer."""
+        fut = self.send(args)
+        await self.drained()
+        return await fut
 
     async def _read(self) -> None:
         why = "closed by the node"
