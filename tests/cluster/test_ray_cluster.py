@@ -544,6 +544,7 @@ tasks = 2
     # pass@1 before and after (2 tasks each) and one step's 2 x 2 episodes: 8 gradings
     assert grading["backend"] == "ray" and grading["placed"] == 8, grading
     assert grading["nodes_lost"] == 0
+    assert grading["sessions"] == 0  # the demo family is judge-only: no code run in sessions
 
 
 # ---------------------------------------------------------------------- HumanEval

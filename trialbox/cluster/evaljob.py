@@ -34,7 +34,7 @@ class _Environment:
     runtime: Runtime
 
 
-def _runtime_of(backend: RayBackend, tier: str) -> Runtime:
+def runtime_of(backend: RayBackend, tier: str) -> Runtime:
     """The runtime of `tier` on the nodes; every node offering it must run the same."""
     seen: dict[str, Runtime] = {nid: m.info["runtimes"][tier]
                                 for nid, m in backend.members.items()
@@ -59,7 +59,7 @@ class ClusterEvaluator(Evaluator):
                  config: JudgeConfig | None = None,
                  stdio_config: StdioJudgeConfig | None = None,
                  reward_spec: RewardSpec | None = None):
-        super().__init__(tasks, _Environment(_runtime_of(backend, tier)),  # type: ignore[arg-type]
+        super().__init__(tasks, _Environment(runtime_of(backend, tier)),  # type: ignore[arg-type]
                          workers=workers, config=config, stdio_config=stdio_config,
                          reward_spec=reward_spec)
         self.backend, self.name, self.tier = backend, name, tier

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox import telemetry
+from trialbox.cluster.placement import NodeLost
 from trialbox.errors import InfraError, SandboxUnavailable, UsageError
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade
@@ -352,6 +353,9 @@ class _Env:
     harnesses: list[Sandbox]
     busy: _EnvBusy
     policy: Policy
+    lost: set[str] = field(default_factory=set)
+    """Episodes whose session went with its cluster node (NodeLost): proven
+    infrastructure, so no control session is asked (it would open on another node)."""
 
 
 async def _run_in_session(env: _Env, episode_id: str, task: Task,
@@ -367,6 +371,9 @@ async def _run_in_session(env: _Env, episode_id: str, task: Task,
             stdin = task.visible_tests[0].stdin if task.visible_tests else b""
             return await run_code(sb, code, env.cfg.language, stdin=stdin,
                                   limits=env.cfg.exec_limits)
+    except NodeLost as e:
+        env.lost.add(episode_id)
+        return ExecResult(ExecStatus.INFRA, message=f"the episode's sandbox: {e}")
     except InfraError as e:
         return ExecResult(ExecStatus.INFRA, message=f"the episode's sandbox: {e}")
 
@@ -489,14 +496,15 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
             env_s = time.monotonic() - t0
             grade = g or grade
             infra = run is not None and run.status is ExecStatus.INFRA
-            if (infra and g is not None and not g.passed
+            if (infra and g is not None and not g.passed and episode_id not in env.lost
                     and g.outcome not in (Outcome.INFRA, Outcome.ERROR)
                     and await _session_control(env, episode_id)):
                 # The trusted judge graded this very code, and a fresh session from the
                 # same leaser runs a known-good program: the machinery works, so the
                 # episode's broken session is the candidate's own doing (DESIGN.md
                 # decision 1: an infrastructure failure is proven, never assumed). The
-                # judge's grade ends the episode; no exclusion.
+                # judge's grade ends the episode; no exclusion. (A session lost with its
+                # cluster node is proven already: no control, excluded below.)
                 stop_reason = "session_broken"
             elif g is not None and g.passed:  # the judge's word stands, whatever the run
                 stop_reason = "passed"
@@ -534,6 +542,7 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
                 break
     finally:
         env.batcher.finished()
+        env.lost.discard(episode_id)
         await env.leaser.end(episode_id)
     return _trajectory(task, episode_id, group_id, prompt_ids, turns, grade, stop_reason,
                        cfg, _environment_id(env.provider))

@@ -36,21 +36,30 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in out_dir ([run] resume = true)")
     from trialbox.cluster.cli import add_cluster_arguments
-    add_cluster_arguments(t, "every episode's trusted grading (namespace tier)")
+    add_cluster_arguments(t, "every episode's sandbox sessions and trusted grading "
+                          "(namespace tier)")
 
 
 async def _train_on_cluster(config: Any, cluster: Any, say: Any) -> Any:
-    """`--backend ray`: the judge of every episode (and of the pass@1 evaluations) on
-    cluster nodes; the policy, the trainer and the episodes' own sandboxes stay here."""
+    """`--backend ray`: every episode's own sandbox sessions (the code it runs each turn,
+    its files between turns: one node per episode, `cluster/sessions.py`) and every
+    judging (each episode's grade and the pass@1 evaluations') on cluster nodes; the
+    policy and the trainer stay here."""
     from trialbox.cluster.serving import ClusterGrader
+    from trialbox.cluster.sessions import RemoteProvider
     from trialbox.train.trainer import agent_config, train
     grader = await ClusterGrader.start(cluster, "namespace")
     language = agent_config(config).language
     try:
-        result = await train(config, progress=say,
-                             grader=lambda task, completion: grader.grade(
-                                 task, completion, language))
-        say("cluster", grader.status())  # where the gradings went: nodes, placed, lost
+        sessions = await RemoteProvider.start(grader.backend, "namespace")
+        try:
+            result = await train(config, pool=sessions, progress=say,
+                                 grader=lambda task, completion: grader.grade(
+                                     task, completion, language))
+        finally:
+            await sessions.close()  # sessions an episode left open (none, if all ended)
+        # where the work went: nodes, pieces placed (gradings and session calls), lost
+        say("cluster", {**grader.status(), "sessions": sessions.opened})
         return result
     finally:
         await grader.close()

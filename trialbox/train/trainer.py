@@ -45,6 +45,7 @@ from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.openai_policy import OpenAIConfig, OpenAIPolicy
 from trialbox.rollout.policy import ByteTokenizer, Policy
 from trialbox.rollout.text import default_prompt
+from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
 from trialbox.store.journal import Journal
@@ -142,7 +143,7 @@ def agent_config(config: TrainConfig, *, max_turns: int | None = None,
         render_feedback=demo_tasks.render_feedback if demo else None)
 
 
-async def evaluate_pass1(policy: Policy, config: TrainConfig, pool: CellPool,
+async def evaluate_pass1(policy: Policy, config: TrainConfig, pool: SandboxProvider,
                          tasks: EvalTasks, grader: Grader | None = None) -> dict[str, Any]:
     """pass@1 on `tasks`: one single-turn sample per task, graded by the judge, with its
     95% Wilson interval. Excluded (infra) episodes leave the denominator and are
@@ -254,8 +255,10 @@ def check_fits(config: TrainConfig, sets: TaskSets, evals: EvalTasks | None) -> 
             "([model] path) or shorter tasks")
 
 
-async def evaluate_served(config: TrainConfig, evals: EvalTasks, pool: CellPool | None,
-                          say: Progress, t_start: float) -> TrainResult:
+async def evaluate_served(config: TrainConfig, evals: EvalTasks,
+                          pool: SandboxProvider | None,
+                          say: Progress, t_start: float,
+                          grader: Grader | None = None) -> TrainResult:
     """[policy] kind = "openai": pass@1 of the served model on the eval split (no
     training: trialbox cannot update a served model's weights yet)."""
     p = config.policy
@@ -266,12 +269,13 @@ async def evaluate_served(config: TrainConfig, evals: EvalTasks, pool: CellPool 
                                               prompt_as=p.prompt_as))
     os.makedirs(config.run.out_dir, exist_ok=True)
     log = MetricsLog(config.run.out_dir, append=False)
-    own_pool = pool is None
+    own_pool: CellPool | None = None
     if pool is None:
         from trialbox.judge.function import judge_pool_config
-        pool = await CellPool(judge_pool_config(warm=2 * config.rollout.env_workers)).start()
+        pool = own_pool = await CellPool(judge_pool_config(
+            warm=2 * config.rollout.env_workers)).start()
     try:
-        record = await evaluate_pass1(policy, config, pool, evals)
+        record = await evaluate_pass1(policy, config, pool, evals, grader)
         log.write("eval", 0, {"when": 0, "policy": p.model, **record})
         say("eval", {"when": "served", **record})
         with open(os.path.join(config.run.out_dir, "config.json"), "w") as f:
@@ -279,8 +283,8 @@ async def evaluate_served(config: TrainConfig, evals: EvalTasks, pool: CellPool 
     finally:
         log.close()
         await policy.aclose()
-        if own_pool:
-            await pool.close()
+        if own_pool is not None:
+            await own_pool.close()
     return TrainResult(config.run.out_dir, 0, record["pass1"], None, eval_before=record,
                        wall_s=time.monotonic() - t_start)
 
@@ -351,11 +355,13 @@ def make_update(config: TrainConfig, model: Any, opt: torch.optim.Optimizer, *,
 
 # --------------------------------------------------------------------------- the loop
 
-async def train(config: TrainConfig, pool: CellPool | None = None,
+async def train(config: TrainConfig, pool: SandboxProvider | None = None,
                 progress: Progress | None = None,
                 grader: Grader | None = None) -> TrainResult:
-    """Run the whole recipe of `config`; see the module docstring. `grader`: where the
-    trusted judge runs (`--backend ray`: on cluster nodes); default `pool`."""
+    """Run the whole recipe of `config`; see the module docstring. `pool`: where the
+    episodes' own sessions run (default: a namespace `CellPool` here; `--backend ray`:
+    `cluster.sessions.RemoteProvider`, on cluster nodes). `grader`: where the trusted
+    judge runs (`--backend ray`: on cluster nodes); default `pool`."""
     say: Progress = progress or (lambda event, record: None)
     t_start = time.monotonic()
     run, g = config.run, config.grpo
@@ -369,7 +375,7 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                          f"measure ({evals.note}); give more tasks in that split")
     if config.policy.kind is PolicyKind.OPENAI:
         assert evals is not None  # TrainConfig requires [eval] tasks for a served model
-        return await evaluate_served(config, evals, pool, say, t_start)
+        return await evaluate_served(config, evals, pool, say, t_start, grader)
     check_fits(config, sets, evals)
     pairs = sft_data(config, sets) if not run.resume and config.sft.steps else []
     device = resolve_device(run.device)
@@ -403,10 +409,11 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
                      keep_through=state.step if run.resume else None)
     if use_journal and not run.resume and not run.journal:
         journaled.remove_journal(journal_file)  # a fresh run replaces its directory's
-    own_pool = pool is None
+    own_pool: CellPool | None = None
     if pool is None:
         from trialbox.judge.function import judge_pool_config
-        pool = await CellPool(judge_pool_config(warm=2 * config.rollout.env_workers)).start()
+        pool = own_pool = await CellPool(judge_pool_config(
+            warm=2 * config.rollout.env_workers)).start()
     result = TrainResult(run.out_dir, 0, None, None)
     try:
         # ---- supervised warm start (fresh runs only) -----------------------------------
@@ -601,6 +608,6 @@ async def train(config: TrainConfig, pool: CellPool | None = None,
             json.dump(asdict(config), f, default=str, indent=1)
     finally:
         log.close()
-        if own_pool:
-            await pool.close()
+        if own_pool is not None:
+            await own_pool.close()
     return result
