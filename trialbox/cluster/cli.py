@@ -28,11 +28,13 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                    "trialbox_tier_<name> resource)")
 
 
-def add_cluster_arguments(p: argparse.ArgumentParser, what: str) -> None:
-    """--backend/--address for a command that has its own --tier (serve, train)."""
+def add_cluster_arguments(p: argparse.ArgumentParser, what: str,
+                          tier: str = "--tier") -> None:
+    """--backend/--address for a command that chooses its tier itself (serve: its own
+    --tier; train: the namespace tier)."""
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help=f"local: this machine (default); ray: {what} on the nodes of a Ray "
-                   "cluster offering --tier (pip install trialbox[ray]; docs/cluster.md)")
+                   f"cluster offering {tier} (pip install trialbox[ray]; docs/cluster.md)")
     p.add_argument("--address", default="auto", metavar="auto|HOST:PORT",
                    help="--backend ray: the cluster's head (default auto: the cluster "
                    "`ray start` made on this machine)")

@@ -36,8 +36,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     t.add_argument("--resume", action="store_true",
                    help="continue from the checkpoint in out_dir ([run] resume = true)")
     from trialbox.cluster.cli import add_cluster_arguments
-    add_cluster_arguments(t, "every episode's sandbox sessions and trusted grading "
-                          "(namespace tier)")
+    add_cluster_arguments(t, "every episode's sandbox sessions and trusted grading",
+                          tier="the namespace tier")
 
 
 async def _train_on_cluster(config: Any, cluster: Any, say: Any) -> Any:
