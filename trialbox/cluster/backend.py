@@ -471,7 +471,7 @@ class RayBackend:
             except ChannelClosed as e:
                 self.placer.release(lease)
                 self._lose(lease.node, str(e))
-                raise NodeLost(f"node {lease.node}: {e}; retried elsewhere") from e
+                raise NodeLost(f"node {lease.node} lost: {e}; retried elsewhere") from e
         else:
             answer = asyncio.ensure_future(_await(
                 m.actor.run.remote(lease.lease_id, name, payload, session)))
