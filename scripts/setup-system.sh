@@ -51,6 +51,9 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# user-mode-linux must also boot on this CPU: Debian 12's 6.1 cannot on hosts with
+# AVX-512/AMX XSAVE areas; scripts/setup-uml.sh probes it and fetches a newer one there.
+"$(cd "$(dirname "$0")" && pwd)/setup-uml.sh" >/dev/null
 # jest (the JavaScript test runner) and TypeScript's Node typings are not installable
 # from Debian 12 (node-jest-worker needs a node-types-node the archive lacks, and
 # node-typescript 4.8 ships no Node typings): npm installs the versions pinned in

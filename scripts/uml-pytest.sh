@@ -11,7 +11,8 @@
 # did not boot, or was killed by UML_TIMEOUT seconds, default 1500).
 # In the guest TRIALBOX_EXPECT_CGROUP=2 and TRIALBOX_TEST_TIME_SCALE (default 10: the
 # sandbox suites' default time limits x10) are set.
-# Needs /usr/bin/linux (Debian's user-mode-linux; scripts/setup-system.sh installs it).
+# Needs /usr/bin/linux (Debian's user-mode-linux; scripts/setup-system.sh installs it, and
+# scripts/setup-uml.sh a newer one where 6.1 cannot boot on the host's CPU).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${UML_PYTHON:-$repo/.venv/bin/python}"
@@ -21,6 +22,11 @@ if [ ! -x /usr/bin/linux ]; then
        "(scripts/setup-system.sh does)" >&2
   exit 2
 fi
+# Debian 12's UML 6.1 where it boots; on a CPU it cannot run on (AVX-512/AMX XSAVE
+# areas), the newer one scripts/setup-uml.sh fetched (it says why, and probes both).
+linux="${UML_LINUX:-$("$repo/scripts/setup-uml.sh")}" || {
+  echo "uml-pytest: no user-mode-linux boots on this host (scripts/setup-uml.sh)" >&2
+  exit 2; }
 work="$(mktemp -d /tmp/trialbox-uml.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/out"
@@ -59,7 +65,7 @@ sync
 /sbin/poweroff -f
 INIT
 chmod +x "$work/init"
-timeout "${UML_TIMEOUT:-1500}" /usr/bin/linux "mem=$mem" root=/dev/root rootfstype=hostfs \
+timeout "${UML_TIMEOUT:-1500}" "$linux" "mem=$mem" root=/dev/root rootfstype=hostfs \
   rootflags=/ ro "init=$work/init" con=null con0=null,fd:2 > "$work/console" 2>&1 || true
 cat "$work/out/log" 2>/dev/null || true
 if [ ! -s "$work/out/status" ]; then

@@ -33,6 +33,8 @@
     │   ├── store.journal.JournalError  the journal cannot be written or read
     │   ├── cluster.placement.NodeLost  the node running the work died or was cut off:
     │   │                   retried elsewhere; its late answer is discarded
+    │   ├── cluster.channel.ChannelClosed  the connection to a node broke (its process
+    │   │                       died, the network cut it): the node is treated as lost
     │   └── train.pipeline.StalenessError  a batch past the staleness bound reached the
     │                       trainer: our producer broke its own rule
     └── Unavailable           the work cannot be taken *now* (capacity, a deadline): try
