@@ -36,6 +36,8 @@ log = logging.getLogger("trialbox.judge.provider")
 
 TIERS = ("namespace", "gvisor", "container")
 """The tiers a judging run can use."""
+CANDIDATE_MODULES = frozenset({"_trialbox_codec", "_trialbox_stub"})
+"""The judge's modules a candidate's interpreter imports (function._STUB_MODULES)."""
 HARNESS_TIER = "namespace"
 """Where the trusted harness runs when candidates run in a slower tier: it is trusted
 code (the task's tests), still sandboxed with `JudgeConfig.harness_limits`, and this
@@ -159,15 +161,22 @@ def _factories(warm: int, image: str) -> dict[str, Callable[[], Any]]:
         from trialbox.sandbox.pool import CellPool
         return CellPool(judge_pool_config(warm=warm, image=image))
 
-    def oci_config() -> Any:  # the judge's codec, stub and harness preloaded, as above
-        from trialbox.sandbox.oci import OciConfig
+    def oci_config(sources: tuple[tuple[str, str], ...] | None = None) -> Any:
+        from trialbox.sandbox.oci import OciConfig  # the judge's modules preloaded
         judge = judge_pool_config()
         return OciConfig(warm=warm, image=image, preload=judge.preload,
-                         preload_sources=judge.preload_sources)
+                         preload_sources=judge.preload_sources if sources is None
+                         else sources)
 
     def gvisor() -> Any:
         from trialbox.sandbox.gvisor import GVisorProvider
-        return GVisorProvider(oci_config())
+        # The candidate's codec and stub only: each page of the fork server's heap is
+        # copied per run under gVisor (a fork there costs ~28 ms of CPU with the
+        # harness preloaded, ~24.5 without; docs/tiers.md). The harness runs on the
+        # namespace tier; if it ever runs here (no namespace tier), it imports its
+        # module from the workspace, where open_harness always writes it.
+        return GVisorProvider(oci_config(tuple(
+            s for s in judge_pool_config().preload_sources if s[0] in CANDIDATE_MODULES)))
 
     def container() -> Any:
         from trialbox.sandbox.container import ContainerProvider

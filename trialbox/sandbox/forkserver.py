@@ -91,7 +91,7 @@ def read_frame():
         frame = buffered_frame()
         if frame is not None:
             return frame
-        b, anc, _flags, _addr = CTL.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+        b, anc, _flags, _addr = CTL.recvmsg(RECV_SIZE, socket.CMSG_SPACE(64 * 4))
         for level, kind, data in anc:  # fds for a run (pass_fds), in order
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 INFDS.extend(struct.unpack("%di" % (len(data) // 4),
@@ -100,6 +100,11 @@ def read_frame():
             raise EOFError
         INBUF.extend(b)
 
+
+RECV_SIZE = 1 << 16
+"""Bytes asked of one recvmsg. Python allocates the whole buffer first: 1 MiB was an
+mmap, a page fault, an mremap and an munmap per call, each a trip through gVisor's
+Sentry; a longer message takes several reads (frames are reassembled)."""
 
 SPEC_FD = 100
 """Where a waiting child keeps its end of the spec socket (above every pass_fds target)."""
@@ -137,12 +142,11 @@ RECYCLING = False
 
 
 def drop_bounding():
-    """Take SERVER_CAPS out of the run's bounding set."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    """Take SERVER_CAPS out of the run's bounding set (all of them are in it: main
+    checked, or RECYCLING would be False)."""
     for cap in SERVER_CAPS:
-        if libc.prctl(23, cap, 0, 0, 0) == 1 and libc.prctl(24, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+        if LIBC.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(LIBC.errno(), "prctl(PR_CAPBSET_DROP)")
 
 
 def place_fds(fds, targets):
@@ -269,13 +273,13 @@ class Waiting:
             self.spec_w.detach()  # closed by prepare(): no object may close it again
             try:
                 prepare(spec_r.detach(), out_w, err_w)
-                sock = socket.socket(fileno=SPEC_FD)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, SPEC_FD)
             except BaseException as e:  # never return into the server
                 os.write(2, ("trialbox: sandbox set-up failed: %r\n" % (e,)).encode())
                 os._exit(126)
             chunks, fds = [], []
             while True:
-                b, anc, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+                b, anc, _flags, _addr = sock.recvmsg(RECV_SIZE, socket.CMSG_SPACE(64 * 4))
                 for level, kind, fdata in anc:
                     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                         fds.extend(struct.unpack("%di" % (len(fdata) // 4),
@@ -314,30 +318,44 @@ SECCOMP_PATH = "/.tb/seccomp.bpf"
 FILTER = None
 
 
+class Libc:
+    """The libc calls a run's child makes before it runs (prctl, unshare), made once by
+    the server (main): a child that loaded ctypes' CDLL and built the seccomp program
+    itself created classes and objects all over the inherited heap, and under gVisor
+    each page it writes is a fault and a copy."""
+
+    def __init__(self):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.prctl, self.unshare, self.errno = libc.prctl, libc.unshare, ctypes.get_errno
+        self.seccomp = None  # the PR_SET_SECCOMP argument: a sock_fprog of FILTER
+        if FILTER:
+            class Prog(ctypes.Structure):
+                _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+            self._prog = Prog(len(FILTER) // 8, FILTER)
+            self.seccomp = ctypes.byref(self._prog)
+
+
+LIBC = None
+"""A `Libc` (main)."""
+
+
 def load_seccomp():
     """no_new_privs, then the namespace tier's deny-list (seccomp.py), as in its cells."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if not FILTER:
+    if LIBC.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(LIBC.errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if LIBC.seccomp is None:
         raise OSError(2, "no seccomp filter at " + SECCOMP_PATH)
-    if True:
-        class Prog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-        prog = Prog(len(FILTER) // 8, FILTER)
-        if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    if LIBC.prctl(22, 2, LIBC.seccomp, 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+        raise OSError(LIBC.errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def new_ipc_namespace():
     """Move this process (a run's child, before it drops root) into an IPC namespace of
     its own: SysV shared memory, semaphores, message queues and POSIX message queues of
     a run are gone with its last process, never seen by the next run or attempt."""
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x08000000) != 0:  # CLONE_NEWIPC
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWIPC)")
+    if LIBC.unshare(0x08000000) != 0:  # CLONE_NEWIPC
+        raise OSError(LIBC.errno(), "unshare(CLONE_NEWIPC)")
 
 
 EMPTIED = ("/workspace", "/tmp", "/dev/shm")
@@ -463,7 +481,7 @@ def preload():
 
 
 def main():
-    global FILTER, CTL, WAKE, RECYCLING
+    global FILTER, CTL, WAKE, RECYCLING, LIBC
     CTL = socket.socket(fileno=IN)
     WAKE = os.pipe()
     try:
@@ -471,9 +489,8 @@ def main():
             FILTER = f.read()
     except OSError:
         FILTER = None
-    import ctypes  # loaded once here, not in every child
-    libc = ctypes.CDLL(None, use_errno=True)
-    RECYCLING = all(libc.prctl(23, cap, 0, 0, 0) == 1 for cap in SERVER_CAPS)
+    LIBC = Libc()
+    RECYCLING = all(LIBC.prctl(23, cap, 0, 0, 0) == 1 for cap in SERVER_CAPS)
     for fd in WAKE:
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(WAKE[1])
