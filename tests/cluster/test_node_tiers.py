@@ -25,7 +25,11 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from tests.cluster.test_ray_cluster import HEALTH_CHECK, node_resources  # noqa: E402
+from tests.cluster.test_ray_cluster import (  # noqa: E402
+    HEALTH_CHECK,
+    driving,
+    node_resources,
+)
 from trialbox.cluster.backend import ClusterConfig, NodeStartFailed, RayBackend  # noqa: E402
 from trialbox.cluster.node import Node, NodeConfig, leaks_of  # noqa: E402
 from trialbox.errors import SandboxUnavailable  # noqa: E402
@@ -41,18 +45,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
         "resources": node_resources(2, "gvisor")})
-    here = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("driver"))  # nodes import trialbox as the driver
-    try:
-        ray.init(address=c.address, namespace="trialbox", log_to_driver=False,
-                 configure_logging=False)
-    finally:
-        os.chdir(here)
-    try:
+    with driving(c, tmp_path_factory):
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 def config(cluster: Cluster, **kw: Any) -> ClusterConfig:

@@ -9,6 +9,7 @@ exactly one result and every move was legal."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -109,8 +110,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "a": c.head_node,
         "b": c.add_node(num_cpus=1, resources=node_resources(2, "fake", "namespace")),
     }
-    # Ray puts the driver's working directory first on its workers' sys.path; from
-    # anywhere but a checkout, nodes import the trialbox they have installed.
+    with driving(c, tmp_path_factory):
+        yield c
+
+
+@contextlib.contextmanager
+def driving(c: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This process as the driver of `c`, then both shut down. Ray puts the driver's
+    working directory first on its workers' sys.path; from anywhere but a checkout,
+    nodes import the trialbox they have installed (as the driver does)."""
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("driver"))
     try:
@@ -119,7 +127,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         os.chdir(here)
     try:
-        yield c
+        yield
     finally:
         ray.shutdown()
         c.shutdown()

@@ -24,22 +24,25 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests.cluster.test_ray_cluster import (  # noqa: E402
     HEALTH_CHECK,
+    driving,
     config,
     nid,
     node_resources,
     wait_all_nodes_free,
     wait_dead,
 )
+from tests.rollout.test_agent_fake import RIGHT, SQUARE, WRONG  # noqa: E402
 from trialbox.cluster.backend import RayBackend  # noqa: E402
 from trialbox.cluster.node import JudgeWorkload  # noqa: E402
 from trialbox.cluster.placement import NodeLost  # noqa: E402
 from trialbox.cluster.sessions import RemoteProvider, RemoteSandbox  # noqa: E402
-from trialbox.errors import SandboxUnavailable  # noqa: E402
+from trialbox.errors import SandboxUnavailable, UsageError  # noqa: E402
 from trialbox.rollout.agent import AgentConfig, rollout  # noqa: E402
 from trialbox.rollout.policy import ScriptedPolicy  # noqa: E402
 from trialbox.sandbox.base import Sandbox  # noqa: E402
 from trialbox.sandbox.mounts import PathObstructed  # noqa: E402
 from trialbox.sandbox.pool import CellPool, PoolConfig  # noqa: E402
+from trialbox.store.artifacts import ArtifactStore  # noqa: E402
 from trialbox.types import (  # noqa: E402
     ExecResult,
     ExecStatus,
@@ -47,20 +50,11 @@ from trialbox.types import (  # noqa: E402
     Limits,
     Outcome,
     Task,
-    TaskKind,
-    TestCase,
 )
 
 pytestmark = pytest.mark.timeout(300)
 NO_LEAKS: dict[str, list[str]] = {"cgroups": [], "state": [], "processes": []}
 
-SQUARE = Task(
-    task_id="square", kind=TaskKind.FUNCTION, entry_point="square",
-    prompt='def square(x):\n    """Return x squared."""\n',
-    visible_tests=(TestCase("v1", code="assert candidate(3) == 9"),),
-    hidden_tests=(TestCase("h1", code="assert candidate(7777) == 7777 * 7777"),))
-WRONG = "```python\ndef square(x):\n    return x + x\n```"
-RIGHT = "```python\ndef square(x):\n    return x * x\n```"
 AGENT = AgentConfig(max_new_tokens=200, max_turns=2)
 
 
@@ -69,18 +63,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
         "resources": node_resources(2, "namespace")})
-    here = os.getcwd()
-    os.chdir(tmp_path_factory.mktemp("driver"))  # nodes import trialbox as the driver
-    try:
-        ray.init(address=c.address, namespace="trialbox", log_to_driver=False,
-                 configure_logging=False)
-    finally:
-        os.chdir(here)
-    try:
+    with driving(c, tmp_path_factory):
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 def seen(r: ExecResult) -> tuple[Any, ...]:
@@ -243,6 +227,56 @@ def test_a_node_lost_mid_episode_makes_it_infra_never_a_wrong_answer(
         asyncio.run(body())
     finally:
         if k in cluster.worker_nodes:  # the run failed before killing it
+            cluster.remove_node(k, allow_graceful=False)
+        wait_dead(k)
+
+
+def test_a_checkpointed_session_moves_when_its_node_is_lost(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """RemoteProvider(checkpoints=URL): after each command the node saves the session's
+    files to the store; when the node dies, the next call opens the session again on
+    another node from that checkpoint, replays the writes made since, and runs — the
+    episode goes on with every file it had, and nothing is left in the store."""
+    head = nid(cluster.head_node)
+    assert wait_all_nodes_free()
+    k = cluster.add_node(num_cpus=1, resources=node_resources(2, "namespace"))
+    store_url = str(tmp_path / "checkpoints")  # every node of this cluster reaches it
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=2)) as be:
+            with pytest.raises(UsageError, match="namespace tier"):
+                await RemoteProvider.start(be, "fake", checkpoints=store_url)
+            provider = await RemoteProvider.start(be, "namespace", checkpoints=store_url)
+            others = []
+            sb = await provider.open(Limits(wall_s=20))
+            while sb.node != nid(k):  # placement alternates: take one on k
+                others.append(sb)
+                sb = await provider.open(Limits(wall_s=20))
+            for o in others:
+                await o.close()
+            await sb.write_file("a.txt", b"1")
+            r = await sb.exec(["sh", "-c", "echo 2 > b.txt; cat a.txt"])
+            assert r.status is ExecStatus.OK and r.stdout == b"1"
+            await sb.write_file("c.txt", b"3")  # after the checkpoint: replayed
+            cluster.remove_node(k, allow_graceful=False)
+            while nid(k) not in be.lost:
+                await asyncio.sleep(0.05)
+            r = await sb.exec(["sh", "-c", "cat a.txt b.txt c.txt; echo; hostname"])
+            assert r.status is ExecStatus.OK, r
+            assert r.stdout.startswith(b"12\n3\n"), r.stdout
+            assert sb.node == head and sb.moves == 1 and provider.moves == 1
+            r = await sb.exec(["sh", "-c", "echo 4 >> c.txt; cat c.txt"])  # goes on
+            assert r.stdout == b"34\n"
+            assert sorted(await sb.list_files()) == ["a.txt", "b.txt", "c.txt"]
+            await sb.close()
+            assert not provider.live and not be.placer.sessions
+            left = [f for f in ArtifactStore(store_url).list() if "/" in f]
+            assert left == [], left  # each checkpoint replaced the last; close ends both
+        assert be.close_reports[head]["leaks"] == NO_LEAKS
+    try:
+        asyncio.run(body())
+    finally:
+        if k in cluster.worker_nodes:
             cluster.remove_node(k, allow_graceful=False)
         wait_dead(k)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,3 +125,13 @@ def test_a_session_that_cannot_open_leaves_nothing() -> None:
         assert len(backend.ended) == 1 and not node.sessions and not provider.live
         await node.close()
     asyncio.run(body())
+
+
+def test_session_checkpoints_without_a_cluster_is_refused_before_anything(
+        tmp_path: Path) -> None:
+    """`train --session-checkpoints` is for --backend ray: locally there is no node to
+    lose, and the flag is refused naming the fix (exit 2), before any config is read."""
+    from trialbox.cli import main
+    assert main(["train", str(tmp_path / "none.toml"), "--session-checkpoints",
+                 str(tmp_path / "ckpt")]) == 2
+    assert not (tmp_path / "ckpt").exists()

@@ -20,6 +20,17 @@ session (killed, cut off, drained) makes the call in flight and every later one 
 `park` and `close` of a lost session are quiet (nothing of it can be given back). `close`
 ends the session on its node (`RayBackend.end_session`). No fd crosses machines:
 `passes_fds` is False and `exec(pass_fds=...)` is refused (`SandboxUnavailable`).
+
+**Moving a session when its node goes** (`RemoteProvider(checkpoints=URL)`, namespace
+tier): after every command the node snapshots the session's files and saves them to the
+artifact store at URL (s3://… on a real cluster; any store every node reaches) —
+`Snapshot.save`, O(files) — and the driver keeps the name, plus the `write_file`s made
+since. When a call finds the node lost, the driver opens the session again on another
+node from that checkpoint (`Snapshot.load` + a fork), replays the writes, and makes the
+call again: the episode goes on instead of being excluded. A command that was running on
+the lost node runs again on the new one (its effects there were lost with the node; its
+answer, if it ever comes, is discarded), so a turn is never counted twice. At most
+`MAX_MOVES` moves per call; past them, or without checkpoints, `NodeLost` as above.
 """
 
 from __future__ import annotations
@@ -40,6 +51,9 @@ from trialbox.types import ExecResult, Limits, Runtime
 if TYPE_CHECKING:
     from trialbox.cluster.backend import RayBackend
 
+MAX_MOVES = 2
+"""Moves one call may make (each to another live node) before NodeLost stands."""
+
 OPS = frozenset({"exec", "stop", "park", "write_file", "read_file", "list_files"})
 """The `Sandbox` calls a node serves for a session (opening is `open`, closing is the
 backend's `end_session`)."""
@@ -55,12 +69,23 @@ class SessionWorkload:
     The payload is `(op, args, kwargs)`; `open` answers where the session lives."""
 
     tier: str = "namespace"
+    checkpoints: str | None = None
+    """The artifact store's URL sessions are checkpointed to (None: no checkpoints)."""
     _node: NodeContext | None = None
+    _store: Any = None
 
     async def start(self, node: NodeContext) -> None:
         if self.tier not in node.providers:
             raise UsageError(f"node {node.config.node_id} does not offer tier {self.tier!r}")
         self._node = node
+        if self.checkpoints is not None:
+            from trialbox.store.artifacts import ArtifactStore
+            self._store = ArtifactStore(self.checkpoints)
+
+    def _where(self, sb: Sandbox) -> dict[str, Any]:
+        assert self._node is not None
+        return {"node": self._node.config.node_id, "pid": os.getpid(),
+                "host": socket.gethostname(), "tier": sb.tier, "limits": sb.limits}
 
     async def run(self, payload: Any, session: dict[str, Any] | None) -> Any:
         assert self._node is not None
@@ -75,14 +100,44 @@ class SessionWorkload:
                 raise UsageError(f"session already open on node {node_id}")
             sb = await self._node.providers[self.tier].open(*args)
             session["sandbox"] = sb
-            return {"node": node_id, "pid": os.getpid(), "host": socket.gethostname(),
-                    "tier": sb.tier, "limits": sb.limits}
+            return self._where(sb)
+        if op == "restore":  # (checkpoint name, limits): a moved session, opened here
+            if sb is not None:
+                raise UsageError(f"session already open on node {node_id}")
+            from trialbox.sandbox.snapshot import Snapshot
+            name, limits = args
+            snap = await Snapshot.load(self._node.providers[self.tier],  # type: ignore[arg-type]
+                                       self._checkpoint_store(), name)
+            try:
+                sb = await snap.open(limits)
+            finally:
+                await snap.close()
+            session["sandbox"] = sb
+            return self._where(sb)
         if sb is None:  # ended here (the node drained, or closed) and asked again
             raise NodeLost(f"the session is no longer on node {node_id} (the node was "
                            "drained or restarted): its files are gone")
+        if op == "checkpoint":  # (name, previous name or None)
+            name, previous = args
+            store = self._checkpoint_store()
+            snap = await sb.snapshot()  # type: ignore[attr-defined]
+            try:
+                meta = await snap.save(store, name)
+            finally:
+                await snap.close()
+            if previous:
+                for suffix in (".json", ".tar.zst"):
+                    store.delete(previous + suffix)
+            return {"bytes": meta.get("size"), "files": meta.get("files")}
         if op not in OPS:
             raise UsageError(f"unknown session operation {op!r}")
         return await getattr(sb, op)(*args, **kwargs)
+
+    def _checkpoint_store(self) -> Any:
+        if self._store is None:
+            raise UsageError("this node's session workload keeps no checkpoints: give "
+                             "RemoteProvider.start(..., checkpoints=URL)")
+        return self._store
 
     async def close(self) -> None:
         """The sessions close with the node (`Node.close` ends every one)."""
@@ -99,11 +154,59 @@ class RemoteSandbox:
         self.tier: str = where["tier"]
         self.limits: Limits = where["limits"]
         self.closed = False
+        self.moves = 0
+        """Times this session was moved to another node (its node lost)."""
+        self._name = session  # checkpoint names stay under the first id
+        self._checkpoint: str | None = None
+        self._checkpoints = 0
+        self._writes: list[tuple[str, bytes, int]] = []
+        """write_file calls since the last checkpoint (replayed after a move)."""
 
     async def _call(self, op: str, *args: Any, **kwargs: Any) -> Any:
         if self.closed:
             raise UsageError("this sandbox session is closed; open a new one")
-        return await self.provider.call(self.session, op, args, kwargs)
+        for moves in range(MAX_MOVES + 1):
+            try:
+                out = await self.provider.call(self.session, op, args, kwargs)
+                if op == "exec" and self.provider.checkpoints is not None \
+                        and not kwargs.get("last"):
+                    await self._save_checkpoint()
+                elif op == "write_file" and self.provider.checkpoints is not None:
+                    self._writes.append(args)
+                return out
+            except NodeLost:
+                if self.provider.checkpoints is None or op in ("park", "stop") \
+                        or moves == MAX_MOVES:
+                    raise
+                await self._move()
+        raise AssertionError("unreachable")
+
+    async def _save_checkpoint(self) -> None:
+        self._checkpoints += 1
+        name = f"{self._name}/{self._checkpoints}"
+        await self.provider.call(self.session, "checkpoint", (name, self._checkpoint), {})
+        self._checkpoint = name
+        self._writes.clear()
+
+    async def _move(self) -> None:
+        """Open this session again on another node: from its last checkpoint (or
+        empty, before the first), with the writes made since replayed."""
+        old = self.session
+        new = f"session-{uuid.uuid4().hex[:16]}"
+        try:
+            if self._checkpoint is None:
+                where = await self.provider.call(new, "open", (self.limits,), {})
+            else:
+                where = await self.provider.call(new, "restore",
+                                                 (self._checkpoint, self.limits), {})
+        except BaseException:
+            await self.provider.backend.end_session(new)
+            raise
+        self.provider.moved(old, new, self)
+        self.session, self.where, self.node = new, where, where["node"]
+        self.moves += 1
+        for path, data, mode in self._writes:
+            await self.provider.call(new, "write_file", (path, data, mode), {})
 
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
                    limits: Limits | None = None, env: Mapping[str, str] | None = None,
@@ -129,7 +232,7 @@ class RemoteSandbox:
         try:
             await self._call("park")
         except NodeLost:
-            pass  # its compute went with the node; the next call says the session is lost
+            pass  # its compute went with the node; the next call moves it or says so
 
     async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
         await self._call("write_file", path, data, mode)
@@ -147,6 +250,9 @@ class RemoteSandbox:
             return
         self.closed = True
         await self.provider.end(self.session)
+        if self._checkpoint is not None and self.provider.store is not None:
+            for suffix in (".json", ".tar.zst"):
+                self.provider.store.delete(self._checkpoint + suffix)
 
     async def __aenter__(self) -> RemoteSandbox:
         return self
@@ -163,9 +269,15 @@ class RemoteProvider:
     """base.passes_fds: no fd crosses machines."""
 
     def __init__(self, backend: RayBackend, tier: str, runtime: Runtime, *,
-                 priority: int = 1):
+                 priority: int = 1, checkpoints: str | None = None):
         self.backend, self.tier, self.runtime = backend, tier, runtime
         self.priority = priority
+        self.checkpoints = checkpoints
+        """The artifact store sessions are checkpointed to, so they can move."""
+        self.moves = 0
+        self.store: Any = None
+        """The driver's handle on the checkpoint store (to delete what a closed
+        session leaves there)."""
         self.name = workload_name(tier)
         self.live: dict[str, RemoteSandbox] = {}
         """Sessions opened and not yet closed, by session id."""
@@ -173,14 +285,27 @@ class RemoteProvider:
 
     @classmethod
     async def start(cls, backend: RayBackend, tier: str = "namespace", *,
-                    priority: int = 1) -> RemoteProvider:
+                    priority: int = 1, checkpoints: str | None = None) -> RemoteProvider:
         """Load the session workload on every node offering `tier` (and on those that
         join later). A tier no node offers, or nodes running different environments
-        of it, is refused (`UsageError`)."""
+        of it, is refused (`UsageError`). `checkpoints`: an artifact store URL every
+        node reaches (s3://bucket/prefix), to checkpoint sessions to after each
+        command so a session moves when its node is lost (namespace tier only)."""
         from trialbox.cluster.evaljob import runtime_of
+        if checkpoints is not None:
+            if tier != "namespace":
+                raise UsageError(f"session checkpoints need the namespace tier (snapshots), "
+                                 f"not {tier!r}; drop checkpoints= or use tier namespace")
+            from trialbox.store.artifacts import ArtifactStore
+            store = ArtifactStore(checkpoints)  # a bad URL or no credentials: said now
         runtime = runtime_of(backend, tier)
-        await backend.load(workload_name(tier), SessionWorkload(tier))
-        return cls(backend, tier, runtime, priority=priority)
+        name = workload_name(tier) + (f"+{checkpoints}" if checkpoints else "")
+        await backend.load(name, SessionWorkload(tier, checkpoints))
+        provider = cls(backend, tier, runtime, priority=priority, checkpoints=checkpoints)
+        provider.name = name
+        if checkpoints is not None:
+            provider.store = store
+        return provider
 
     async def open(self, limits: Limits | None = None) -> RemoteSandbox:
         if limits is not None and not isinstance(limits, Limits):
@@ -201,6 +326,12 @@ class RemoteProvider:
                    kwargs: dict[str, Any]) -> Any:
         return await self.backend.run(self.name, (op, args, kwargs), tier=self.tier,
                                       priority=self.priority, session=session)
+
+    def moved(self, old: str, new: str, sb: RemoteSandbox) -> None:
+        self.live.pop(old, None)
+        self.live[new] = sb
+        self.moves += 1
+        self.backend.placer.end_session(old)  # its node is gone: nothing to end there
 
     async def end(self, session: str) -> None:
         self.live.pop(session, None)

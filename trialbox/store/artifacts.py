@@ -112,6 +112,13 @@ class ArtifactStore:
     def exists(self, name: str) -> bool:
         return bool(self._call(self.fs.exists, self.path(name)))
 
+    def delete(self, name: str) -> None:
+        """Remove artifact `name`; one that is not there is no error."""
+        try:
+            self._call(self.fs.rm_file, self.path(name))
+        except FileNotFoundError:
+            pass
+
     def list(self, prefix: str = "") -> list[str]:
         base = self.path(prefix) if prefix else self.root
         if not self._call(self.fs.exists, base):

@@ -9,6 +9,8 @@ import asyncio
 import json
 from typing import Any
 
+from trialbox.errors import UsageError
+
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d = sub.add_parser(
@@ -38,9 +40,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     from trialbox.cluster.cli import add_cluster_arguments
     add_cluster_arguments(t, "every episode's sandbox sessions and trusted grading",
                           tier="the namespace tier")
+    t.add_argument("--session-checkpoints", default=None, metavar="URL",
+                   help="--backend ray: an artifact store every node reaches (e.g. "
+                   "s3://bucket/prefix) to checkpoint each episode's session to after "
+                   "every command, so a session moves to another node when its node is "
+                   "lost instead of the episode being excluded (docs/cluster.md)")
 
 
-async def _train_on_cluster(config: Any, cluster: Any, say: Any) -> Any:
+async def _train_on_cluster(config: Any, cluster: Any, say: Any,
+                            checkpoints: str | None = None) -> Any:
     """`--backend ray`: every episode's own sandbox sessions (the code it runs each turn,
     its files between turns: one node per episode, `cluster/sessions.py`) and every
     judging (each episode's grade and the pass@1 evaluations') on cluster nodes; the
@@ -51,7 +59,8 @@ async def _train_on_cluster(config: Any, cluster: Any, say: Any) -> Any:
     grader = await ClusterGrader.start(cluster, "namespace")
     language = agent_config(config).language
     try:
-        sessions = await RemoteProvider.start(grader.backend, "namespace")
+        sessions = await RemoteProvider.start(grader.backend, "namespace",
+                                              checkpoints=checkpoints)
         try:
             result = await train(config, pool=sessions, progress=say,
                                  grader=lambda task, completion: grader.grade(
@@ -59,7 +68,8 @@ async def _train_on_cluster(config: Any, cluster: Any, say: Any) -> Any:
         finally:
             await sessions.close()  # sessions an episode left open (none, if all ended)
         # where the work went: nodes, pieces placed (gradings and session calls), lost
-        say("cluster", {**grader.status(), "sessions": sessions.opened})
+        say("cluster", {**grader.status(), "sessions": sessions.opened,
+                        "sessions_moved": sessions.moves})
         return result
     finally:
         await grader.close()
@@ -71,6 +81,10 @@ def main(args: argparse.Namespace) -> int:
         return demo_main(args)
     from trialbox.train.config import load_config
     from trialbox.train.trainer import train
+    checkpoints = getattr(args, "session_checkpoints", None)
+    if checkpoints is not None and getattr(args, "backend", "local") != "ray":
+        raise UsageError("--session-checkpoints is for --backend ray (a local run's "
+                         "sessions have no node to lose); drop it or add --backend ray")
     run: dict[str, object] = {}
     for key, value in (("seed", args.seed), ("out_dir", args.out),
                        ("device", args.device)):
@@ -88,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     if cluster is None:
         result = asyncio.run(train(config, progress=say))
     else:
-        result = asyncio.run(_train_on_cluster(config, cluster, say))
+        result = asyncio.run(_train_on_cluster(config, cluster, say, checkpoints))
     print(json.dumps({"event": "done", "out_dir": result.out_dir,
                       "steps": result.steps_done, "pass_before": result.pass_before,
                       "pass_after": result.pass_after, "stopped": result.stopped}))
