@@ -349,8 +349,10 @@ int main(void) { return 0; }
 
 def test_d_compile_runs_under_the_callers_limits(runner):
     """A self-including C file keeps gcc busy for 2^200 inclusions: under a 2 s limit
-    the compile ends `timeout` in about 2 s (before: 60 s and 1 GiB whatever was asked,
-    and a 12 s compile under --timeout 5 reported `ok`)."""
+    and 256 MiB the compile ends in about 2 s, `timeout` — or `memory` naming the
+    caller's 256 MiB, on a CPU fast enough for cc1 to grow past it first (a Sapphire
+    Rapids host, idle) — (before: 60 s and 1 GiB whatever was asked, and a 12 s compile
+    under --timeout 5 reported `ok`)."""
     lim = limits(wall_s=2, cpu_s=2, memory_mb=256)
     assert compile_limits_for(lim).with_(pids=lim.pids) == lim
 
@@ -360,7 +362,9 @@ def test_d_compile_runs_under_the_callers_limits(runner):
             r = await run_code(sb, SELF_INCLUDE, "c", limits=lim)
             return r, time.monotonic() - t
     r, took = runner.run(body())
-    assert r.status is ExecStatus.TIMEOUT and r.compile is not None, describe(r)
+    assert r.compile is not None, describe(r)
+    assert r.status is ExecStatus.TIMEOUT or (
+        r.status is ExecStatus.MEMORY and "memory_mb=256" in r.message), describe(r)
     assert took < 6, f"took {took:.1f} s"
 
 
