@@ -357,6 +357,16 @@ class RayBackend:
             self.refused[nid] = f"node {nid} ({address}): {problem}"
             return
         m = _Member(config, actor, info, time.monotonic())
+        for name, w in self.workloads.items():
+            try:
+                await actor.load.remote(name, w)
+            except RayError as e:
+                await _quietly(actor.close.remote())
+                _kill(actor)
+                self.failed[nid] = f"node {nid} could not load workload {name}: {e}"
+                return
+            m.loaded.add(name)
+        # The channel last: a node refused above never had a connection to unwind.
         where = info.pop("channel", None)  # its token stays out of what is shown
         if where is not None:
             try:
@@ -370,15 +380,6 @@ class RayBackend:
                 info["channel"] = f"ray (direct refused: {e})"
         else:
             info["channel"] = "ray"
-        for name, w in self.workloads.items():
-            try:
-                await actor.load.remote(name, w)
-            except RayError as e:
-                await _quietly(actor.close.remote())
-                _kill(actor)
-                self.failed[nid] = f"node {nid} could not load workload {name}: {e}"
-                return
-            m.loaded.add(name)
         self.members[nid] = m
         self.placer.add(NodeInfo(nid, slots, tiers, address))
         log.info("node %s joined: %d slots, tiers %s", nid, slots, tiers)

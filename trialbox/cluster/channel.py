@@ -36,6 +36,7 @@ import itertools
 import logging
 import pickle
 import secrets
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -111,7 +112,6 @@ class ChannelServer:
             with contextlib.suppress(OSError):
                 sock = writer.get_extra_info("socket")
                 if sock is not None:
-                    import socket
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while True:
                 try:
@@ -185,7 +185,6 @@ class ChannelClient:
                       label: str = "node") -> ChannelClient:
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(where["host"], int(where["port"])), timeout)
-        import socket
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
