@@ -125,6 +125,20 @@ class _Member:
     """The direct connection `run` uses (None: Ray actor calls)."""
 
 
+def software_mismatch(info: dict[str, Any], fingerprint: str) -> str:
+    """What differs between a node's `software_versions()` and this driver's ("" when
+    nothing does), said so that the fix is plain."""
+    mine = {"python": "%d.%d" % sys.version_info[:2], "ray": ray.__version__,
+            "code": fingerprint}
+    differ = [f"{k} {info.get(k)} (driver: {v})" for k, v in mine.items()
+              if info.get(k) != v]
+    if not differ:
+        return ""
+    return ("runs other software than the driver: " + ", ".join(differ)
+            + f"; trialbox there is at {info.get('package')}. Install the same "
+            "trialbox, Ray and Python on every node and the driver")
+
+
 def _check_reachable(address: str, timeout: float) -> None:
     if address == "auto" or address.startswith("ray://"):
         return
@@ -385,15 +399,7 @@ class RayBackend:
         log.info("node %s joined: %d slots, tiers %s", nid, slots, tiers)
 
     def _mismatch(self, info: dict[str, Any]) -> str:
-        mine = {"python": "%d.%d" % sys.version_info[:2], "ray": ray.__version__,
-                "code": self._fingerprint}
-        differ = [f"{k} {info.get(k)} (driver: {v})" for k, v in mine.items()
-                  if info.get(k) != v]
-        if not differ:
-            return ""
-        return ("runs other software than the driver: " + ", ".join(differ)
-                + f"; trialbox there is at {info.get('package')}. Install the same "
-                "trialbox, Ray and Python on every node and the driver")
+        return software_mismatch(info, self._fingerprint)
 
     def _lose(self, nid: str, why: str) -> None:
         m = self.members.pop(nid, None)

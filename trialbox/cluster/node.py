@@ -44,6 +44,18 @@ TIERS = ("namespace", "gvisor", "container", "fake")
 judging providers of `judge/provider.py` (`container` runs `runc`), and `fake` (tests)."""
 
 
+def software_versions() -> dict[str, Any]:
+    """Python, Ray and trialbox code of this process: what a driver compares with its own
+    before a node (or a policy server) starts anything (`backend.software_mismatch`)."""
+    import importlib.metadata as md
+    try:
+        ray_version = md.version("ray")
+    except md.PackageNotFoundError:
+        ray_version = None
+    return {"python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
+            "code": code_fingerprint(), "package": PACKAGE}
+
+
 def code_fingerprint(package: str = PACKAGE) -> str:
     """SHA-256 over the trialbox package's Python sources: driver and nodes must run the
     same code (a version string can stay equal while the code differs)."""
@@ -150,13 +162,7 @@ class Node:
 
     def versions(self) -> dict[str, Any]:
         """What the driver compares with its own before anything starts here."""
-        import importlib.metadata as md
-        try:
-            ray_version = md.version("ray")
-        except md.PackageNotFoundError:
-            ray_version = None
-        return {"python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
-                "code": code_fingerprint(), "package": PACKAGE}
+        return software_versions()
 
     def info(self) -> dict[str, Any]:
         return {"node_id": self.config.node_id, "pid": os.getpid(), **self.versions(),

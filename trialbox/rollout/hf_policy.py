@@ -119,18 +119,32 @@ class HFPolicy:
     async def generate(self, prompts: list[list[int]], *, max_new_tokens: int,
                        temperature: float = 1.0,
                        stop: list[str] | None = None) -> list[Generation]:
-        check_generate_args(prompts, max_new_tokens, temperature, stop)
-        longest = max((len(p) for p in prompts), default=0)
-        if self.max_positions is not None and longest >= self.max_positions:
-            raise UsageError(f"HFPolicy: a prompt of {longest} tokens leaves no room in the "
-                             f"model's {self.max_positions} positions; shorten the context "
-                             "(AgentConfig.max_context_tokens)")
+        self._check(prompts, max_new_tokens, temperature, stop)
         if not prompts:
             return []
         async with self._lock:
             self.calls += 1
             return await asyncio.to_thread(self._generate, prompts, max_new_tokens,
                                            float(temperature), stop)
+
+    def sample(self, prompts: list[list[int]], *, max_new_tokens: int,
+               temperature: float = 1.0, stop: list[str] | None = None) -> list[Generation]:
+        """`generate`, blocking the calling thread: for a process that does nothing
+        else meanwhile (a policy server on a cluster node, rollout/fleet.py)."""
+        self._check(prompts, max_new_tokens, temperature, stop)
+        if not prompts:
+            return []
+        self.calls += 1
+        return self._generate(prompts, max_new_tokens, float(temperature), stop)
+
+    def _check(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+               stop: list[str] | None) -> None:
+        check_generate_args(prompts, max_new_tokens, temperature, stop)
+        longest = max((len(p) for p in prompts), default=0)
+        if self.max_positions is not None and longest >= self.max_positions:
+            raise UsageError(f"HFPolicy: a prompt of {longest} tokens leaves no room in the "
+                             f"model's {self.max_positions} positions; shorten the context "
+                             "(AgentConfig.max_context_tokens)")
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]], max_new: int, temperature: float,

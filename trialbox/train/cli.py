@@ -45,14 +45,25 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    "s3://bucket/prefix) to checkpoint each episode's session to after "
                    "every command, so a session moves to another node when its node is "
                    "lost instead of the episode being excluded (docs/cluster.md)")
+    t.add_argument("--policy-servers", type=int, default=None, metavar="N",
+                   help="--backend ray: sample the policy on N policy servers on the "
+                   "cluster's GPU nodes (one per unit of --policy-resource) instead of "
+                   "in this process; the trainer keeps the model and sends each version "
+                   "of its weights to them (docs/cluster.md)")
+    t.add_argument("--policy-resource", default="auto", metavar="NAME",
+                   help="the Ray resource a policy server holds: GPU, a custom resource "
+                   "such as trialbox_gpu (a GPU's stand-in), or auto (GPU if the cluster "
+                   "has any, else trialbox_gpu)")
 
 
 async def _train_on_cluster(config: Any, cluster: Any, say: Any,
-                            checkpoints: str | None = None) -> Any:
+                            checkpoints: str | None = None,
+                            generation: Any = None) -> Any:
     """`--backend ray`: every episode's own sandbox sessions (the code it runs each turn,
     its files between turns: one node per episode, `cluster/sessions.py`) and every
     judging (each episode's grade and the pass@1 evaluations') on cluster nodes; the
-    policy and the trainer stay here."""
+    trainer stays here, and the policy samples here too unless `generation` (a
+    `GenerationConfig`) puts it on policy servers."""
     from trialbox.cluster.serving import ClusterGrader
     from trialbox.cluster.sessions import RemoteProvider
     from trialbox.train.trainer import agent_config, train
@@ -62,9 +73,16 @@ async def _train_on_cluster(config: Any, cluster: Any, say: Any,
         sessions = await RemoteProvider.start(grader.backend, "namespace",
                                               checkpoints=checkpoints)
         try:
+            start = None
+            if generation is not None:
+                from trialbox.rollout.fleet import PolicyFleet
+                await PolicyFleet.check(generation)  # before anything is written
+
+                def start(model: Any, tok: Any) -> Any:
+                    return PolicyFleet.start(generation, model, tok)
             result = await train(config, pool=sessions, progress=say,
                                  grader=lambda task, completion: grader.grade(
-                                     task, completion, language))
+                                     task, completion, language), generation=start)
         finally:
             await sessions.close()  # sessions an episode left open (none, if all ended)
         # where the work went: nodes, pieces placed (gradings and session calls), lost
@@ -85,6 +103,7 @@ def main(args: argparse.Namespace) -> int:
     if checkpoints is not None and getattr(args, "backend", "local") != "ray":
         raise UsageError("--session-checkpoints is for --backend ray (a local run's "
                          "sessions have no node to lose); drop it or add --backend ray")
+    generation = _generation_config(args)
     run: dict[str, object] = {}
     for key, value in (("seed", args.seed), ("out_dir", args.out),
                        ("device", args.device)):
@@ -93,6 +112,17 @@ def main(args: argparse.Namespace) -> int:
     if args.resume:
         run["resume"] = True
     config = load_config(args.config, {"run": run} if run else None)
+    if generation is not None:
+        from trialbox.train.config import PolicyKind
+        if config.policy.kind is not PolicyKind.LOCAL:
+            raise UsageError("--policy-servers samples the model this run trains; "
+                             "[policy] kind = 'openai' only evaluates a served model "
+                             "(it already runs elsewhere): drop --policy-servers")
+        from dataclasses import replace
+        from trialbox.train.config import RolloutMode
+        if config.rollout.mode is RolloutMode.ASYNC:  # every version in flight held
+            generation = replace(generation, keep=max(generation.keep,
+                                                      config.rollout.max_staleness + 1))
 
     def say(event: str, record: dict[str, object]) -> None:
         print(json.dumps({"event": event, **record}, default=str), flush=True)
@@ -102,8 +132,26 @@ def main(args: argparse.Namespace) -> int:
     if cluster is None:
         result = asyncio.run(train(config, progress=say))
     else:
-        result = asyncio.run(_train_on_cluster(config, cluster, say, checkpoints))
+        result = asyncio.run(_train_on_cluster(config, cluster, say, checkpoints,
+                                               generation))
     print(json.dumps({"event": "done", "out_dir": result.out_dir,
                       "steps": result.steps_done, "pass_before": result.pass_before,
                       "pass_after": result.pass_after, "stopped": result.stopped}))
     return 0 if not result.stopped else 1
+
+
+def _generation_config(args: argparse.Namespace) -> Any:
+    """--policy-servers N [--policy-resource R] as a `GenerationConfig` (None: none
+    asked for), refused without --backend ray."""
+    n = getattr(args, "policy_servers", None)
+    if n is None:
+        if getattr(args, "policy_resource", "auto") != "auto":
+            raise UsageError("--policy-resource goes with --policy-servers N; add it or "
+                             "drop --policy-resource")
+        return None
+    if getattr(args, "backend", "local") != "ray":
+        raise UsageError("--policy-servers places the policy on a Ray cluster's GPU "
+                         "nodes; add --backend ray --address HEAD:6379, or drop it to "
+                         "sample in this process")
+    from trialbox.rollout.fleet import GenerationConfig
+    return GenerationConfig(servers=n, resource=args.policy_resource)

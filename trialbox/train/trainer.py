@@ -73,6 +73,10 @@ from trialbox.train.update import UpdateStats, policy_step
 from trialbox.types import Outcome, StepSummary, Task, TrainState, Trajectory
 
 Progress = Callable[[str, dict[str, Any]], None]
+StartGeneration = Callable[[Any, ByteTokenizer], Awaitable[Any]]
+"""(model, tokenizer) -> started policy servers: `publish(model, version)`,
+`policy(version, seed)`, `status()`, `servers_info()`, `close()`
+(`rollout.fleet.PolicyFleet`)."""
 """(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop",
 "episodes" (the journal, and how many episodes were run now or read back from it)."""
 
@@ -357,11 +361,15 @@ def make_update(config: TrainConfig, model: Any, opt: torch.optim.Optimizer, *,
 
 async def train(config: TrainConfig, pool: SandboxProvider | None = None,
                 progress: Progress | None = None,
-                grader: Grader | None = None) -> TrainResult:
+                grader: Grader | None = None,
+                generation: StartGeneration | None = None) -> TrainResult:
     """Run the whole recipe of `config`; see the module docstring. `pool`: where the
     episodes' own sessions run (default: a namespace `CellPool` here; `--backend ray`:
     `cluster.sessions.RemoteProvider`, on cluster nodes). `grader`: where the trusted
-    judge runs (`--backend ray`: on cluster nodes); default `pool`."""
+    judge runs (`--backend ray`: on cluster nodes); default `pool`. `generation`: where
+    the policy samples, when not here (`--policy-servers N`: `(model, tokenizer) ->`
+    a started `rollout.fleet.PolicyFleet`, given each version of the weights as
+    the trainer makes it; the trainer keeps the model it updates)."""
     say: Progress = progress or (lambda event, record: None)
     t_start = time.monotonic()
     run, g = config.run, config.grpo
@@ -415,6 +423,7 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
         pool = own_pool = await CellPool(judge_pool_config(
             warm=2 * config.rollout.env_workers)).start()
     result = TrainResult(run.out_dir, 0, None, None)
+    fleet: Any = None
     try:
         # ---- supervised warm start (fresh runs only) -----------------------------------
         if pairs:
@@ -426,6 +435,9 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
             log.write("sft", 0, {"loss": stats.final_loss, "seconds": stats.seconds,
                                  "steps": stats.steps})
         policy = HFPolicy(model, tok, seed=run.seed)
+        if generation is not None:  # the policy servers, with the weights of now
+            fleet = await generation(model, tok)
+            await fleet.publish(model, state.step)
         ref = None
         if g.kl_coef > 0:  # the frozen starting point the KL term pulls towards (on a
             # resumed run: the checkpoint's model, the original start is not kept)
@@ -452,7 +464,9 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
                                            map_location="cpu"))
 
         if not run.resume and evals is not None:
-            before = await evaluate_pass1(policy, config, pool, evals, grader)
+            before = await evaluate_pass1(
+                policy if fleet is None else fleet.policy(state.step, run.seed),
+                config, pool, evals, grader)
             state = replace(state, pass_before=before["pass1"], eval_before=before)
             log.write("eval", 0, {"when": 0, **before})
             say("eval", {"when": "before", **before})
@@ -465,9 +479,10 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
         agent = agent_config(config)
         clock = ModelClock()  # when the model works; the rest of the time it waits
         asynchronous = config.rollout.mode is RolloutMode.ASYNC
-        # async: one private copy of the weights per batch in flight (pipeline.py)
+        # async: one private copy of the weights per batch in flight (pipeline.py);
+        # with policy servers each holds the versions in flight instead
         copies = WeightCopies(model, config.rollout.max_staleness + 1) \
-            if asynchronous else None
+            if asynchronous and fleet is None else None
 
         # Every episode is a task of the journaled scheduler (episodes.py): its quota
         # pool admits the environment's env_workers turns at once, the oldest step
@@ -491,13 +506,17 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
         def launch(step: int, version: int) -> Awaitable[RolloutBatch]:
             """Step `step`'s rollout, sampled by the live model (sync) or by a copy of
             its weights taken now (async; `version` is what the trainer published)."""
-            def sample_with(sampler: HFPolicy) -> Awaitable[RolloutBatch]:
-                timed = TimedPolicy(sampler, clock, model_slots.lane(step))
+            def sample_with(sampler: Policy) -> Awaitable[RolloutBatch]:
+                # on policy servers, generation does not take the trainer's device
+                timed = TimedPolicy(sampler, clock, None if fleet is not None
+                                    else model_slots.lane(step))
                 if eps is not None:
                     return eps.rollout(step, sets.train_step(step), timed)
                 return rollout(timed, sets.train_step(step),
                                group_size=g.group_size, pool=pool, config=agent,
                                env_slots=env_slots.lane(step), grader=grader)
+            if fleet is not None:  # seeded as the local policy is: (seed, step)
+                return sample_with(fleet.policy(version, run.seed * 1_000_003 + step))
             if copies is None:
                 if eps is not None:  # a function of (seed, step): a resumed run draws
                     # as the uninterrupted one did from the step it resumes at
@@ -544,6 +563,8 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
                                 clock.busy():
                             upd = await asyncio.to_thread(update, trajs, step)
                         t_update = time.monotonic() - t1
+                if fleet is not None:  # the servers hold version step + 1 first
+                    await fleet.publish(model, step + 1)
                 batches.publish(step + 1)  # async: launches batch step + 1 + K
 
                 # log
@@ -588,9 +609,12 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
         # ---- the end: held-out pass@1 again, the final model ---------------------------
         result.steps_done = state.step
         if evals is not None:
+            final_seed = run.seed * 1_000_003 + g.steps + 999_983
             if eps is not None:
-                policy.generator.manual_seed(run.seed * 1_000_003 + g.steps + 999_983)
-            after = await evaluate_pass1(policy, config, pool, evals, grader)
+                policy.generator.manual_seed(final_seed)
+            after = await evaluate_pass1(
+                policy if fleet is None else fleet.policy(state.step, final_seed),
+                config, pool, evals, grader)
             result.pass_after = after["pass1"]
             result.eval_after = after
             if result.eval_before is not None:
@@ -606,8 +630,12 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
         result.wall_s = time.monotonic() - t_start
         with open(os.path.join(run.out_dir, "config.json"), "w") as f:
             json.dump(asdict(config), f, default=str, indent=1)
+        if fleet is not None:
+            say("generation", {**fleet.status(), "on": await fleet.servers_info()})
     finally:
         log.close()
+        if fleet is not None:
+            await fleet.close()
         if own_pool is not None:
             await own_pool.close()
     return result
