@@ -123,6 +123,9 @@ def test_servers_sample_on_the_gpu_nodes_as_local_sampling_would(cluster: Cluste
             await fleet.publish(m2, 2)  # version 0 dropped everywhere
             with pytest.raises(WeightsMissing, match="publish"):
                 fleet.policy(0, seed=7)
+            for server in fleet.live:  # the servers refuse it too (no other weights)
+                with pytest.raises(WeightsMissing, match=r"holds weight versions \[1, 2\]"):
+                    await server.actor.generate.remote(0, PROMPTS, 4, 1.0, None, 1)
             with pytest.raises(UsageError, match="max_new_tokens"):
                 await fleet.policy(2, seed=7).generate(PROMPTS, max_new_tokens=0,
                                                        temperature=1.0, stop=None)
