@@ -104,7 +104,10 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
         kinds.append(f"exploit:{name}")
     w = args.workers
     report.log("starting a one-node Ray cluster on this machine")
-    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+    # address="local": a cluster of its own, even when another one runs on this machine
+    # (without it Ray joins the last one `ray start` or a test made, and refuses num_cpus)
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False,
+             log_to_driver=False,
              configure_logging=False, namespace="trialbox-bench",
              resources={"trialbox_node": 1, "trialbox_slots": w,
                         "trialbox_tier_namespace": 1, "trialbox_tier_fake": 1})
