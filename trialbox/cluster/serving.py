@@ -1,10 +1,13 @@
-"""`trialbox serve --backend ray`: the service's trusted grading (`/v1/submissions`,
-`/v1/submissions/batch`) placed on the nodes of a Ray cluster; everything else of the
-service (admission, journal, sessions, `/run_code`) stays in the server process.
+"""`trialbox serve --backend ray`: the service's sandbox work placed on the nodes of a
+Ray cluster — its trusted grading (`/v1/submissions`, `ClusterGrader`), its one-shot runs
+(`/run_code`, `/v1/exec`, `/run_jupyter`) and its `/v1/sessions` (`ServingProvider`, the
+`RemoteProvider` of cluster/sessions.py). Admission, the journal and the HTTP front stay
+in the server process; it needs no sandbox pool of its own.
 
-    grader = await ClusterGrader.start(ClusterConfig(address="HEAD:6379"), "namespace")
-    grade = await grader.grade(task, completion, "python")     # judged on a node
-    await grader.close()
+    serving = await ClusterServing.start(ClusterConfig(address="HEAD:6379"), "namespace")
+    app = create_app(config, provider=serving.provider, grader=serving.grader)
+    ...
+    await serving.close()
 
 Started before the server binds its port: an unreachable address, nodes running other
 code or a tier no node offers is refused (a `UsageError`, exit 2) with nothing started.
@@ -16,7 +19,9 @@ from typing import Any
 
 from trialbox.cluster.backend import ClusterConfig, RayBackend
 from trialbox.cluster.node import JudgeWorkload
-from trialbox.types import Grade, Task
+from trialbox.cluster.sessions import RemoteProvider, RemoteSandbox
+from trialbox.errors import InfraError
+from trialbox.types import Grade, Limits, Task
 
 WORKLOAD = "serve:judge"
 PRIORITY = 0
@@ -54,3 +59,71 @@ class ClusterGrader:
 
     async def close(self) -> None:
         await self.backend.close()
+
+
+class ServingProvider(RemoteProvider):
+    """The service's `SandboxProvider` on the cluster: every session it opens (a
+    one-shot run's, a `/v1/sessions` session's) lives on a node offering the tier, at
+    the placer's most urgent priority. No fd crosses machines (`passes_fds` False)."""
+
+    def unavailable(self) -> str:
+        """Why nothing can be placed now ("" when a live node offers the tier)."""
+        if self.tier in self.backend.placer.tiers():
+            return ""
+        lost = self.backend.placer.stats.nodes_lost
+        return (f"no live cluster node offers the {self.tier!r} tier any more ({lost} "
+                f"node(s) lost since the server started); nothing was run. Start a node "
+                f"with `ray start --address {self.backend.config.address} --resources "
+                f"'{{\"trialbox_node\": 1, \"trialbox_slots\": 8, "
+                f"\"trialbox_tier_{self.tier}\": 1}}'` (the server admits it at once), "
+                "then retry")
+
+    async def open(self, limits: Limits | None = None) -> RemoteSandbox:
+        """A session on the least loaded live node; `InfraError` at once (not a wait
+        until the request's deadline) when no live node offers the tier."""
+        why = self.unavailable()
+        if why:
+            raise InfraError(why)
+        return await super().open(limits)
+
+    def cluster_status(self) -> dict[str, Any]:
+        """What /v1/status shows under `pool`: where the sessions are, per node."""
+        placer = self.backend.placer
+        on: dict[str, int] = {}
+        for sb in self.live.values():
+            on[sb.node] = on.get(sb.node, 0) + 1
+        return {"backend": "ray", "tier": self.tier, "warm_cells": None,
+                "sessions_open": len(self.live), "sessions_opened": self.opened,
+                "nodes": {nid: {"slots": n.info.slots, "in_flight": len(n.inflight),
+                                "placed": n.placed, "sessions": on.get(nid, 0),
+                                "draining": n.draining}
+                          for nid, n in placer.nodes.items()},
+                "nodes_lost": sorted(placer.gone - set(self.backend.close_reports))}
+
+
+class ClusterServing:
+    """The cluster side of one `trialbox serve --backend ray` process: one backend
+    (`RayBackend`), its `grader` and its sandbox `provider`."""
+
+    def __init__(self, grader: ClusterGrader, provider: ServingProvider):
+        self.grader, self.provider = grader, provider
+        self.backend = grader.backend
+
+    @classmethod
+    async def start(cls, config: ClusterConfig, tier: str) -> ClusterServing:
+        grader = await ClusterGrader.start(config, tier)
+        try:
+            provider = await ServingProvider.start(grader.backend, tier, priority=PRIORITY)
+        except BaseException:
+            await grader.close()
+            raise
+        assert isinstance(provider, ServingProvider)
+        return cls(grader, provider)
+
+    async def close(self) -> None:
+        """Close the sessions still open (the server closes its own first), then the
+        backend: every node's sessions and pools."""
+        try:
+            await self.provider.close()
+        finally:
+            await self.grader.close()

@@ -52,7 +52,8 @@ def create_app(config: ServiceConfig | None = None,
     judge's helper modules preloaded, so runs and grading share it) — and closes it.
     The lifespan also starts the scheduler every sandbox-using request goes through,
     and on shutdown closes every open session. `grader` (started and closed by the
-    caller): submissions are graded there instead (`--backend ray`, cluster/serving.py)."""
+    caller): submissions are graded there instead. With `--backend ray` both come from
+    cluster/serving.py and no pool is started here (every sandbox is on a node)."""
     config = config or ServiceConfig()
     state = ServiceState.create(config)
     state.grader = grader
@@ -107,6 +108,10 @@ def create_app(config: ServiceConfig | None = None,
             return JSONResponse({"status": "not ready",
                                  "reason": "sandbox provider not running"},
                                 status_code=503, headers={"Retry-After": "1"})
+        why = getattr(provider, "unavailable", lambda: "")()
+        if why:  # --backend ray: no live node offers the tier
+            return JSONResponse({"status": "not ready", "reason": why},
+                                status_code=503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "ready", "tier": provider.tier,
                              "warm_cells": getattr(provider, "ready_count", 0),
                              "running": state.admission.running,

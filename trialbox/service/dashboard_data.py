@@ -172,6 +172,9 @@ def service_view(service: Any | None) -> dict[str, Any] | None:
         out["requests"] = getattr(counters, "requests", 0)
         out["responses"] = {str(k): v for k, v in sorted(responses.items())}
         out["rejected"] = dict(getattr(counters, "rejected", {}))
+    cluster_status = getattr(getattr(service, "provider", None), "cluster_status", None)
+    if cluster_status is not None:  # --backend ray: the nodes' view
+        out["cluster"] = cluster_status()
     submissions = getattr(service, "submissions", None)
     if submissions is not None and hasattr(submissions, "recent"):
         out["recent_submissions"] = [

@@ -8,22 +8,29 @@
 request's deadline passes first it calls `stop` (which kills the sandbox run in flight,
 so the work returns promptly), waits briefly for the work to finish, and raises
 `DeadlineExpired` (504). Work that cannot be stopped that way is cancelled.
+
+`placed_twice` is the rule for stateless work on a cluster node (`--backend ray`): a
+one-shot run or a grading whose node is lost is placed once more, on another node.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Request
 
+from trialbox.cluster.placement import NodeLost
+from trialbox.errors import InfraError
 from trialbox.service.admission import Overloaded, Ticket
 from trialbox.service.errors import DeadlineExpired
 from trialbox.service.state import ServiceState
 
 T = TypeVar("T")
+log = logging.getLogger("trialbox.service")
 
 STOP_GRACE_S = 5.0
 """How long stopped work may take to wind down before it is cancelled."""
@@ -67,7 +74,11 @@ async def _until(state: ServiceState, deadline: float, work: Callable[[], Awaita
         return task.result()
     state.counters.deadline_expired += 1
     if stop is not None:
-        await stop()
+        try:  # a stop that cannot reach the run (its node lost, or every slot of the
+            # node busy) must not hold the answer back: the work is cancelled below
+            await asyncio.wait_for(stop(), STOP_GRACE_S)
+        except (InfraError, TimeoutError):
+            pass
         done, _ = await asyncio.wait([task], timeout=STOP_GRACE_S)
     if not done:
         task.cancel()
@@ -77,3 +88,30 @@ async def _until(state: ServiceState, deadline: float, work: Callable[[], Awaita
     raise DeadlineExpired(f"the request's deadline passed before {what} finished; "
                           "it was stopped. Allow more time (X-Deadline-S, or the "
                           "server's --deadline-s) or run less")
+
+
+async def placed_twice(state: ServiceState, what: str, attempt: Callable[[], Awaitable[T]],
+                       forget: Callable[[], Awaitable[None]] | None = None) -> T:
+    """`attempt()`, and once more if the cluster node it ran on was lost (`NodeLost`).
+
+    Only for work that keeps no state between attempts (a one-shot run in a fresh
+    session, a grading): its first placement's lease is fenced when the node is lost,
+    so whatever that node still answers is discarded and the client gets exactly one
+    result. `forget` runs after each loss (ends the lost session). Lost twice:
+    `InfraError` (503 `infra`), never an outcome of the code. On one machine nothing
+    raises `NodeLost` and this is one call of `attempt`."""
+    try:
+        return await attempt()
+    except NodeLost as e:
+        if forget is not None:
+            await forget()
+        state.counters.replaced += 1
+        log.warning("%s: its cluster node was lost (%s); placed once more", what, e)
+    try:
+        return await attempt()
+    except NodeLost as e:
+        if forget is not None:
+            await forget()
+        raise InfraError(f"{what} was placed again after its cluster node was lost, and "
+                         f"the second node was lost too ({e}); nothing of it counts. "
+                         "Retry the request") from None

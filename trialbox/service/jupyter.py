@@ -38,7 +38,7 @@ from trialbox.errors import UsageError
 from trialbox.sandbox.base import Sandbox
 from trialbox.service.admission import Ticket
 from trialbox.service.errors import FieldError
-from trialbox.service.execute import guarded
+from trialbox.service.execute import guarded, placed_twice
 from trialbox.service.fusion import command_result
 from trialbox.service.models import decode_b64, encode_b64
 from trialbox.service.state import ServiceState
@@ -109,25 +109,32 @@ async def run_jupyter(body: RunJupyterRequest, request: Request) -> dict[str, An
     async def work(ticket: Ticket) -> tuple[ExecResult, list[dict[str, Any]],
                                             dict[str, str]]:
         ctx = ticket.ctx
-        async with ctx.lease(limits) as sb:
-            holder.append(sb)
-            for path, data in files.items():
-                await sb.write_file(path, data)
-            await sb.write_file(DRIVER, _driver_source())
-            await sb.write_file(CELLS, json.dumps(body.cells).encode())
-            ran = await sb.exec(["python3", DRIVER, CELLS, repr(body.cell_timeout)],
-                                limits=limits)
-            try:
-                cells = _cells(await sb.read_file(RESULTS))
-            except UsageError:
-                cells = []
-            fetched: dict[str, str] = {}
-            for path in body.fetch_files:
+
+        async def attempt() -> tuple[ExecResult, list[dict[str, Any]], dict[str, str]]:
+            async with ctx.lease(limits) as sb:
+                holder[:] = [sb]
+                for path, data in files.items():
+                    await sb.write_file(path, data)
+                await sb.write_file(DRIVER, _driver_source())
+                await sb.write_file(CELLS, json.dumps(body.cells).encode())
+                ran = await sb.exec(["python3", DRIVER, CELLS, repr(body.cell_timeout)],
+                                    limits=limits)
                 try:
-                    fetched[path] = encode_b64(await sb.read_file(path))
+                    cells = _cells(await sb.read_file(RESULTS))
                 except UsageError:
-                    pass
-            await ctx.leaser.end(ctx.task_id)
+                    cells = []
+                fetched: dict[str, str] = {}
+                for path in body.fetch_files:
+                    try:
+                        fetched[path] = encode_b64(await sb.read_file(path))
+                    except UsageError:
+                        pass
+                await ctx.leaser.end(ctx.task_id)
+            return ran, cells, fetched
+
+        # a fresh session per notebook: placed again if its cluster node is lost
+        ran, cells, fetched = await placed_twice(state, "the notebook", attempt,
+                                                 lambda: ctx.leaser.end(ctx.task_id))
         ctx.observe(ran)
         ticket.reward = 1.0 if ran.ok else 0.0
         return ran, cells, fetched

@@ -49,7 +49,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-body-mb", type=float, default=d.max_body_bytes / (1 << 20),
                    help=f"largest request body, MiB (default {d.max_body_bytes >> 20})")
     p.add_argument("--warm", type=int, default=d.warm,
-                   help=f"sandbox cells kept warm (default {d.warm})")
+                   help=f"sandbox cells kept warm (default {d.warm}; --backend ray: in each "
+                   "node's pool)")
     p.add_argument("--records", default=None, metavar="DB",
                    help="keep graded submissions in this SQLite file (survives restarts; "
                    "default: in memory)")
@@ -64,7 +65,7 @@ def add_parser(sub: Any) -> None:
                    "in it (trialbox tasks status RUN --db DB); default: a temporary file "
                    "deleted at shutdown")
     from trialbox.cluster.cli import add_cluster_arguments
-    add_cluster_arguments(p, "submissions graded")
+    add_cluster_arguments(p, "every sandbox (grading, /run_code, /v1/sessions) placed")
     p.add_argument("--log-level", default="warning", help="uvicorn log level")
 
 
@@ -97,22 +98,28 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def serve(config: ServiceConfig, log_level: str = "warning",
                 cluster: Any = None) -> None:
-    """`cluster` (a `ClusterConfig`, --backend ray): submissions are graded on its
-    nodes; joined before the port is bound, so a bad address starts nothing."""
-    grader = None
-    if cluster is not None:
-        from trialbox.cluster.serving import ClusterGrader
-        grader = await ClusterGrader.start(cluster, config.tier)
-        print(f"trialbox serve: grading on {grader.status()['nodes']} Ray node(s) at "
-              f"{cluster.address} (tier {config.tier})", flush=True)
+    """`cluster` (a `ClusterConfig`, --backend ray): every sandbox the server uses —
+    grading, one-shot runs, sessions — lives on its nodes (cluster/serving.py), and
+    this process starts no pool of its own; joined before the port is bound, so a bad
+    address starts nothing. `config.warm` is then each node's warm cells."""
+    if cluster is None:
+        await _serve(config, log_level)
+        return
+    from dataclasses import replace
+
+    from trialbox.cluster.serving import ClusterServing
+    serving = await ClusterServing.start(replace(cluster, warm=config.warm), config.tier)
     try:
-        await _serve(config, log_level, grader)
+        print(f"trialbox serve: grading on {len(serving.backend.placer.nodes)} Ray "
+              f"node(s) at {cluster.address} (tier {config.tier}); /run_code and "
+              "/v1/sessions run there too (no sandbox pool here)", flush=True)
+        await _serve(config, log_level, serving.provider, serving.grader)
     finally:
-        if grader is not None:
-            await grader.close()
+        await serving.close()
 
 
-async def _serve(config: ServiceConfig, log_level: str, grader: Any) -> None:
+async def _serve(config: ServiceConfig, log_level: str, provider: Any = None,
+                 grader: Any = None) -> None:
     # Imported here: `trialbox --help` must not pay for FastAPI, uvicorn and the judge.
     import uvicorn
 
@@ -123,7 +130,8 @@ async def _serve(config: ServiceConfig, log_level: str, grader: Any) -> None:
     setup_logging("DEBUG" if log_level == "trace" else log_level.upper())
     sock = bind(config.host, config.port)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(config, grader=grader),
+    server = uvicorn.Server(uvicorn.Config(create_app(config, provider=provider,
+                                                      grader=grader),
                                            log_level=log_level,
                                            timeout_graceful_shutdown=10,
                                            timeout_keep_alive=30))

@@ -40,6 +40,10 @@ class Counters:
     """Requests answered 504 because their deadline passed (their runs were stopped)."""
     sessions_opened: int = 0
     sessions_closed: int = 0
+    sessions_lost: int = 0
+    """Sessions whose cluster node was lost (--backend ray): their files went with it."""
+    replaced: int = 0
+    """One-shot runs and gradings placed again because their cluster node was lost."""
 
 
 @dataclass
@@ -54,6 +58,9 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Runs, uploads and downloads of one session are sequential."""
     runs: int = 0
+    lost: str = ""
+    """Set when the cluster node holding the sandbox was lost (--backend ray): every
+    later call answers this (503 `infra`); only closing it is left."""
 
 
 class Sessions:
@@ -159,8 +166,9 @@ class ServiceState:
 
     config       the `ServiceConfig` it was started with
     provider     the process's one `SandboxProvider` (the namespace tier's `CellPool`
-                 unless `create_app` was given another; None before startup / after
-                 shutdown)
+                 unless `create_app` was given another — with --backend ray the
+                 cluster's `ServingProvider`, whose sessions live on the nodes; None
+                 before startup / after shutdown)
     admission    the journaled scheduler in front of the sandboxes (`running`,
                  `waiting` give the live queue depth; admission.py)
     sessions     open `/v1/sessions` sessions (`len()` is how many)
@@ -199,7 +207,8 @@ class ServiceState:
     @property
     def pool(self) -> SandboxProvider | None:
         """The provider, under the name the telemetry half reads (`ready_count` when the
-        provider is a warm pool)."""
+        provider is a warm pool; a cluster's `ServingProvider` has none: its cells are
+        on the nodes)."""
         return self.provider
 
     def require_provider(self) -> SandboxProvider:

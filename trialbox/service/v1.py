@@ -18,6 +18,11 @@ Every run result is `ExecResult.to_json()` (status ok|exit|signal|timeout|memory
 disk|infra, exit_code, stdout/stderr as text and base64, wall_ms, cpu_ms, …). A run the
 machinery broke is `status: infra` inside a 200 for session runs (the session may still
 be usable); grading reports it as outcome `infra` with reward null (excluded, never 0).
+
+With `--backend ray` the sandboxes live on cluster nodes (cluster/serving.py). A one-shot
+run or a grading whose node is lost is placed once more (`placed_twice`); a session whose
+node is lost answers every later call with 503 `infra` naming the node (its files went
+with it: open a new session).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from trialbox.errors import UsageError
+from trialbox.cluster.placement import NodeLost
+from trialbox.errors import InfraError, UsageError
 from trialbox.judge.evaluate import reward_of
 from trialbox.judge.grade import grade as judge
 from trialbox.sandbox.base import Sandbox
@@ -38,7 +44,7 @@ from trialbox.sandbox.languages import language as language_spec
 from trialbox.sandbox.languages import run_code
 from trialbox.service.admission import Ticket
 from trialbox.service.errors import DeadlineExpired, FieldError, NotFound
-from trialbox.service.execute import deadline_of, guarded
+from trialbox.service.execute import deadline_of, guarded, placed_twice
 from trialbox.service.models import (
     BatchIn,
     ExecIn,
@@ -65,9 +71,24 @@ def _state(request: Request) -> ServiceState:
 
 def _session(state: ServiceState, sid: str) -> Session:
     try:
-        return state.sessions.get(sid)
+        session = state.sessions.get(sid)
     except UsageError as e:
         raise NotFound(str(e)) from None
+    if session.lost:
+        raise NodeLost(session.lost)
+    return session
+
+
+def _lost(state: ServiceState, session: Session, e: NodeLost) -> NodeLost:
+    """The session's cluster node is gone, and its files with it: say so now and on
+    every later call (never a run's outcome, never a silent fresh session)."""
+    if not session.lost:
+        state.counters.sessions_lost += 1
+        session.lost = (f"session {session.id} lived on cluster node "
+                        f"{getattr(session.sandbox, 'node', '?')}, which was lost ({e}); "
+                        "its files went with it. Open a new session (POST /v1/sessions) "
+                        f"and run again; DELETE /v1/sessions/{session.id} forgets this one")
+    return NodeLost(session.lost)
 
 
 def _stdin(text: str, b64: str | None) -> bytes:
@@ -112,9 +133,14 @@ async def get_session(sid: str, request: Request) -> dict[str, Any]:
         files = [_shown(name) for name in await session.sandbox.list_files()]
     except UsageError as e:
         files_error = str(e)
+    except NodeLost as e:
+        raise _lost(state, session, e) from None
     out: dict[str, Any] = {"session_id": session.id, "limits": asdict(session.limits),
                            "created": session.created, "runs": session.runs,
                            "files": files}
+    node = getattr(session.sandbox, "node", None)
+    if node is not None:  # --backend ray: the cluster node holding it
+        out["node"] = node
     if files_error:
         out["files_error"] = files_error
     return out
@@ -156,6 +182,8 @@ async def _in_session(state: ServiceState, request: Request, session: Session,
         session.runs += 1
         result: ExecResult = await guarded(state, request, lambda ticket: work(),
                                            session.sandbox.stop, what, kind="session")
+    except NodeLost as e:
+        raise _lost(state, session, e) from None
     finally:
         session.lock.release()
     session.last_used = time.monotonic()
@@ -200,8 +228,11 @@ async def upload(sid: str, body: FilesIn, request: Request) -> dict[str, Any]:
     session = _session(state, sid)
     files = decode_files(body.files)
     async with session.lock:
-        for path, data in files.items():
-            await session.sandbox.write_file(path, data)
+        try:
+            for path, data in files.items():
+                await session.sandbox.write_file(path, data)
+        except NodeLost as e:
+            raise _lost(state, session, e) from None
     return {"session_id": sid, "written": sorted(files),
             "bytes": sum(len(d) for d in files.values())}
 
@@ -214,6 +245,8 @@ async def download(sid: str, path: str, request: Request) -> dict[str, Any]:
         data = await session.sandbox.read_file(path)
     except UsageError as e:
         raise NotFound(str(e)) from None
+    except NodeLost as e:
+        raise _lost(state, session, e) from None
     return {"path": path, "size": len(data), "content_b64": encode_b64(data)}
 
 
@@ -232,23 +265,29 @@ async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
 
     async def work(ticket: Ticket) -> tuple[ExecResult, dict[str, str | None]]:
         ctx = ticket.ctx
-        # The scheduler's lease: EXECUTING only while this runs; the session opens
-        # from the provider here and is closed before the lease ends (a one-shot never
-        # needs it parked).
-        async with ctx.lease(limits) as sb:
-            holder.append(sb)
-            for path, data in files.items():
-                await sb.write_file(path, data)
-            result = await run_code(sb, body.code, body.language, stdin=stdin,
-                                    args=body.args, limits=limits,
-                                    compile_limits=compile_limits)
-            fetched: dict[str, str | None] = {}
-            for path in body.fetch_files:
-                try:
-                    fetched[path] = encode_b64(await sb.read_file(path))
-                except UsageError:
-                    fetched[path] = None
-            await ctx.leaser.end(ctx.task_id)
+
+        async def attempt() -> tuple[ExecResult, dict[str, str | None]]:
+            # The scheduler's lease: EXECUTING only while this runs; the session opens
+            # from the provider here and is closed before the lease ends (a one-shot
+            # never needs it parked).
+            async with ctx.lease(limits) as sb:
+                holder[:] = [sb]
+                for path, data in files.items():
+                    await sb.write_file(path, data)
+                result = await run_code(sb, body.code, body.language, stdin=stdin,
+                                        args=body.args, limits=limits,
+                                        compile_limits=compile_limits)
+                fetched: dict[str, str | None] = {}
+                for path in body.fetch_files:
+                    try:
+                        fetched[path] = encode_b64(await sb.read_file(path))
+                    except UsageError:
+                        fetched[path] = None
+                await ctx.leaser.end(ctx.task_id)
+            return result, fetched
+
+        result, fetched = await placed_twice(state, "the run", attempt,
+                                             lambda: ctx.leaser.end(ctx.task_id))
         ctx.observe(result)
         ticket.reward = 1.0 if result.ok else 0.0
         return result, fetched
@@ -324,7 +363,11 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
     async def work(ticket: Ticket) -> dict[str, Any]:
         await ticket.ctx.grading()
         if state.grader is not None:  # --backend ray: judged on a cluster node
-            grade = await state.grader.grade(task, sub.completion, sub.language)
+            why = getattr(provider, "unavailable", lambda: "")()
+            if why:  # the placer would wait for a node until the deadline: say it now
+                raise InfraError(why)
+            grade = await placed_twice(state, "the grading", lambda: state.grader.grade(
+                task, sub.completion, sub.language))
         else:
             grade = await judge(task, sub.completion, provider, language=sub.language)
         row = grade_row(sid, task, grade, sub.language)
@@ -409,14 +452,17 @@ async def status(request: Request) -> dict[str, Any]:
     state = _state(request)
     c = state.counters
     provider = state.provider
+    cluster_status = getattr(provider, "cluster_status", None)
     a = state.admission
     return {"ready": state.ready, "uptime_s": round(time.time() - state.started, 3),
             "admission": {"running": a.running, "queued": a.waiting,
                           "max_running": a.limit, "max_queued": a.queue_limit,
                           "admitted": a.admitted, "scheduler_run": a.run_id,
                           "journal": a.journal.path if a.journal else None},
-            "pool": {"tier": provider.tier if provider else None,
-                     "warm_cells": getattr(provider, "ready_count", 0)},
+            "pool": (cluster_status()  # --backend ray: the sessions per node
+                     if cluster_status is not None
+                     else {"tier": provider.tier if provider else None,
+                           "warm_cells": getattr(provider, "ready_count", 0)}),
             "grading": (state.grader.status() if state.grader is not None
                         else {"backend": "local"}),
             "sessions": len(state.sessions),
@@ -427,4 +473,5 @@ async def status(request: Request) -> dict[str, Any]:
                          "rejected": dict(c.rejected),
                          "deadline_expired": c.deadline_expired,
                          "sessions_opened": c.sessions_opened,
-                         "sessions_closed": c.sessions_closed}}
+                         "sessions_closed": c.sessions_closed,
+                         "sessions_lost": c.sessions_lost, "replaced": c.replaced}}
