@@ -18,14 +18,14 @@ import pytest
 
 pytest.importorskip("ray")  # cluster/serving.py imports the Ray backend
 
-from trialbox.cluster.node import Node, NodeConfig  # noqa: E402
-from trialbox.cluster.placement import NodeInfo, NodeLost, Placer  # noqa: E402
-from trialbox.cluster.serving import ServingProvider  # noqa: E402
-from trialbox.cluster.sessions import SessionWorkload, workload_name  # noqa: E402
-from trialbox.sandbox.fake import FAKE_RUNTIME  # noqa: E402
-from trialbox.service.app import create_app  # noqa: E402
-from trialbox.service.config import ServiceConfig  # noqa: E402
-from trialbox.types import Grade, Outcome, Task  # noqa: E402
+from trialbox.cluster.node import Node, NodeConfig
+from trialbox.cluster.placement import NodeInfo, NodeLost, Placer
+from trialbox.cluster.serving import ServingProvider
+from trialbox.cluster.sessions import SessionWorkload, workload_name
+from trialbox.sandbox.fake import FAKE_RUNTIME
+from trialbox.service.app import create_app
+from trialbox.service.config import ServiceConfig
+from trialbox.types import Grade, Outcome, Task
 
 
 class Address:

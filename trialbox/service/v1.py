@@ -115,7 +115,9 @@ async def open_session(body: SessionIn, request: Request) -> dict[str, Any]:
                          "close some (DELETE /v1/sessions/{id}) or retry later", 5)
     # A session outlives any one request: its sandbox is opened from the provider
     # directly, parked between runs; each run takes a scheduler slot (_in_session).
-    sb = await state.require_provider().open(limits)
+    # Nothing is in it yet: a cluster node lost while opening it costs one more try.
+    provider = state.require_provider()
+    sb = await placed_twice(state, "opening the session", lambda: provider.open(limits))
     session = state.sessions.add(sb, limits)
     state.counters.sessions_opened += 1
     return {"session_id": session.id, "limits": asdict(limits)}
