@@ -25,6 +25,12 @@ backend runs beside it, so both see the same background):
   alternating for two rounds, the median tasks/s of each. Goal: Ray >= 0.9x local.
 * verdicts: every attempt's outcome through Ray equals the local one (canonical pass,
   exploits do not) — `--backend ray` grades like one machine.
+* an episode's turn in its own session (what `train --backend ray` does each turn:
+  `write_file` solution.py, `exec python3 solution.py`, `park`), `--latency-runs` turns
+  interleaved: in a local `CellPool` session, in a `RemoteSandbox` on the node, and in
+  one checkpointed after every command (`RemoteProvider(checkpoints=...)`, to a
+  directory store here: the snapshot, archive and write, without a network's upload);
+  the p50 of each and the checkpoint's bytes.
 
 Part 2, scale (fake sandboxes, `ray.cluster_utils.Cluster` with N raylets per `--nodes`,
 each `--slots` slots): `--episodes` scheduler tasks through the journaled `Scheduler` on
@@ -42,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import tempfile
 import time
 from typing import Any
@@ -194,11 +201,55 @@ async def _one_node(args: argparse.Namespace) -> dict[str, Any]:
                                "exploits_passed": sum(
                                    1 for v, k in zip(verdicts["ray"], kinds, strict=True)
                                    if k != "canonical" and v == "passed")}
+            res["session_turn_ms"] = await _session_turns(pool, be, max(20, args.latency_runs))
+            report.log(f"session turn p50: {res['session_turn_ms']}")
     finally:
         await local.close()
         await pool.close()
         ray.shutdown()
     return res
+
+
+TURN = b"import sys\nprint(sum(range(1000)), file=sys.stdout)\n"
+
+
+async def _session_turns(pool: Any, be: Any, runs: int) -> dict[str, Any]:
+    """p50 ms of one agent-loop turn (write, run, park) locally, on the node, and on the
+    node with a checkpoint after the command (module docstring)."""
+    from trialbox.cluster.sessions import RemoteProvider
+    store = tempfile.mkdtemp(prefix="trialbox-bench-checkpoints-")
+    plain = await RemoteProvider.start(be, "namespace")
+    saved = await RemoteProvider.start(be, "namespace", checkpoints=store)
+    sessions = {"local": await pool.open(), "ray": await plain.open(),
+                "ray_checkpointed": await saved.open()}
+    times: dict[str, list[float]] = {k: [] for k in sessions}
+    try:
+        for _ in range(3):  # warm: first runs start cells and fill the page cache
+            for sb in sessions.values():
+                await sb.write_file("solution.py", TURN)
+                await sb.exec(["python3", "solution.py"])
+                await sb.park()
+        for _ in range(runs):
+            for name, sb in sessions.items():
+                await asyncio.sleep(0.02)
+                t0 = time.perf_counter()
+                await sb.write_file("solution.py", TURN)
+                r = await sb.exec(["python3", "solution.py"])
+                await sb.park()
+                times[name].append((time.perf_counter() - t0) * 1000)
+                if r.stdout.strip() != b"499500":
+                    raise RuntimeError(f"bench session turn ({name}) ran wrong: {r}")
+        size = sum(os.path.getsize(os.path.join(d, f))
+                   for d, _, fs in os.walk(store) for f in fs)
+    finally:
+        for sb in sessions.values():
+            await sb.close()
+        shutil.rmtree(store, ignore_errors=True)
+    out: dict[str, Any] = {k: round(report.median(v), 3) for k, v in times.items()}
+    out["checkpoint_added"] = round(out["ray_checkpointed"] - out["ray"], 3)
+    out["checkpoint_bytes"] = size
+    out["runs"] = runs
+    return out
 
 
 # ---------------------------------------------------------------------- part 2
@@ -286,6 +337,13 @@ def render(res: dict[str, Any]) -> str:
             f"(goal >= {GOAL_RATIO}x)",
             f"  verdicts: same as local: {ver['same']}; passed {ver['ray_passed']} of "
             f"{ver['canonical']} canonical, exploits passed {ver['exploits_passed']}"]
+        st = one.get("session_turn_ms")
+        if st:
+            lines.append(
+                f"  session turn p50 (write, run, park): local {st['local']:.2f} ms, on the "
+                f"node {st['ray']:.2f} ms, checkpointed after the run "
+                f"{st['ray_checkpointed']:.2f} ms ({st['checkpoint_added']:+.2f} ms, "
+                f"{st['checkpoint_bytes']} bytes kept)")
     for r in res.get("scale", []):
         lines.append(
             f"  scale N={r['nodes']}: {r['done']}/{r['episodes']} episodes in "
