@@ -288,8 +288,14 @@ class PolicyFleet:
                 _kill(actor)
                 return problem
             info = await actor.start.remote()
-            for version, ref in list(self.published.items()):
-                await actor.load.remote(version, ref)
+            loaded: set[int] = set()
+            while True:  # until no version was published meanwhile: it joins holding all
+                todo = [(v, r) for v, r in self.published.items() if v not in loaded]
+                if not todo:
+                    break
+                for version, ref in todo:
+                    await actor.load.remote(version, ref)
+                    loaded.add(version)
         except BaseException:
             _kill(actor)
             raise
