@@ -311,16 +311,19 @@ class PolicyFleet:
         """Ask Ray for a server in place of a lost one (placed wherever a unit is free,
         now or when a node joins)."""
         async def run() -> None:
-            try:
-                problem = await self._start_one()
-                if problem:
+            while not self._closed:
+                try:
+                    problem = await self._start_one()
+                except Exception as e:  # its node died while it started: ask again
+                    log.warning("replacement policy server failed (%s); asking again",
+                                type(e).__name__)
+                    await asyncio.sleep(1.0)
+                    continue
+                if problem:  # a node with other software: say so, do not loop on it
                     log.error("replacement policy server refused: %s", problem)
                 else:
                     self.replaced += 1
-            except (RayActorError, asyncio.CancelledError):
-                pass
-            except Exception as e:  # its node died too: the next loss asks again
-                log.warning("replacement policy server failed: %s", e)
+                return
         task = asyncio.get_running_loop().create_task(run())
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
