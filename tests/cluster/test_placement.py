@@ -7,7 +7,13 @@ import asyncio
 
 import pytest
 
-from trialbox.cluster.placement import NodeInfo, NodeLost, Placer, TierUnavailable
+from trialbox.cluster.placement import (
+    NodeInfo,
+    NodeLost,
+    NoNodeForTier,
+    Placer,
+    TierUnavailable,
+)
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -85,6 +91,44 @@ def test_drain_takes_no_new_work_and_resolves_when_idle() -> None:
             assert (await p.acquire("fake")).node != x.node
         p.release(x)
         assert idle.is_set()
+    run(body())
+
+
+def test_work_for_a_tier_whose_nodes_are_all_gone_fails_as_infra_in_time() -> None:
+    """The last node of a tier lost (or drained): its waiters, queued before the loss
+    or after, wait `orphan_wait_s` for a node of the tier to join, then get
+    `NoNodeForTier` (infra) instead of hanging; a node joining in time serves them."""
+    async def body() -> None:
+        p = Placer(orphan_wait_s=0.2)
+        p.add(NodeInfo("a", 1, ("namespace",)))
+        p.add(NodeInfo("f", 1, ("fake",)))
+        busy = await p.acquire("namespace")
+        queued = asyncio.ensure_future(p.acquire("namespace"))  # waiting for a slot
+        await asyncio.sleep(0)
+        p.lose(busy.node, "test")
+        later = asyncio.ensure_future(p.acquire("namespace"))   # after the loss
+        other = await p.acquire("fake")   # other tiers are not affected
+        await asyncio.sleep(0.05)
+        assert not queued.done() and not later.done()
+        for fut in (queued, later):
+            with pytest.raises(NoNodeForTier, match="'namespace'.*within 0.2 s.*not run"):
+                await fut
+        assert p.release(other)
+
+        # a node of the tier joining within the wait serves the waiter, and the timer
+        # that would have failed it is gone
+        p.add(NodeInfo("b", 1, ("namespace",)))
+        x = await p.acquire("namespace")
+        waiting = asyncio.ensure_future(p.acquire("namespace"))
+        await asyncio.sleep(0)
+        p.drain("b")
+        p.release(x)
+        p.remove_drained("b")
+        await asyncio.sleep(0.05)
+        p.add(NodeInfo("c", 1, ("namespace",)))
+        assert (await asyncio.wait_for(waiting, 1)).node == "c"
+        assert not p.orphan_timers
+        await asyncio.sleep(0.3)  # nothing fails later either
     run(body())
 
 

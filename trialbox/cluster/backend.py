@@ -79,6 +79,9 @@ class ClusterConfig:
     """How often each node is pinged."""
     dead_after_s: float = 10.0
     """A node silent this long is presumed dead (cut off, frozen); its work is fenced."""
+    orphan_wait_s: float = 300.0
+    """How long work waits for a tier whose every node is gone (lost or drained) for a
+    node offering it to join; then it fails as infra (`NoNodeForTier`), never hangs."""
     connect_timeout_s: float = 5.0
     """How long HOST:PORT may take to accept a TCP connection before it is refused."""
     min_nodes: int = 1
@@ -108,7 +111,8 @@ class ClusterConfig:
             if not host or not port.isdigit():
                 raise UsageError(f"--address {self.address!r}: give 'auto' or HOST:PORT "
                                  "of the Ray head's GCS, e.g. 10.0.0.5:6379")
-        for name in ("poll_s", "heartbeat_s", "dead_after_s", "connect_timeout_s"):
+        for name in ("poll_s", "heartbeat_s", "dead_after_s", "connect_timeout_s",
+                     "orphan_wait_s"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{name} must be positive")
 
@@ -163,7 +167,7 @@ def _offer(resources: dict[str, float]) -> tuple[int, tuple[str, ...]]:
 class RayBackend:
     def __init__(self, config: ClusterConfig | None = None):
         self.config = config or ClusterConfig()
-        self.placer = Placer()
+        self.placer = Placer(self.config.orphan_wait_s)
         self.members: dict[str, _Member] = {}
         self.workloads: dict[str, Workload] = {}
         self.refused: dict[str, str] = {}

@@ -24,6 +24,10 @@ Rules:
   node never comes back under the same id (a restarted node registers anew).
 * A draining node (`drain`) takes no new work; `drained(node)` resolves when its last
   lease is released.
+* Work of a tier that no live node offers any more (its last node lost or drained)
+  waits `orphan_wait_s` for one to join (elastic), then every waiter for that tier gets
+  `NoNodeForTier` (an `InfraError`: never scored; the scheduler's retries end it as
+  infra) instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ class NodeLost(InfraError):
 
 class TierUnavailable(UsageError):
     """No node of the cluster offers the requested sandbox tier."""
+
+
+class NoNodeForTier(InfraError):
+    """The cluster's nodes offering a tier are all gone and none joined within
+    `orphan_wait_s`: the work waiting for that tier ends as an infrastructure failure."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,11 @@ class PlacerStats:
 
 
 class Placer:
-    def __init__(self) -> None:
+    def __init__(self, orphan_wait_s: float = 300.0) -> None:
+        self.orphan_wait_s = orphan_wait_s
+        """How long work waits for a tier no live node offers before `NoNodeForTier`."""
+        self.orphan_timers: dict[str, asyncio.TimerHandle] = {}
+        """Per tier without a live node: the timer that fails its waiters."""
         self.nodes: dict[str, _Node] = {}
         self.gone: set[str] = set()
         """Nodes lost or drained: never placed on again under that id."""
@@ -121,6 +134,10 @@ class Placer:
         node.idle.set()
         self.nodes[info.node_id] = node
         self.stats.nodes_joined += 1
+        for tier in info.tiers:  # a node of the tier came back in time
+            timer = self.orphan_timers.pop(tier, None)
+            if timer is not None:
+                timer.cancel()
         self._serve()
 
     def tiers(self) -> set[str]:
@@ -163,7 +180,33 @@ class Placer:
             if session in lost_sessions and not fut.done():
                 fut.set_exception(NodeLost(f"session {session!r}: node {node_id} lost "
                                            f"({why})"))
+        self._orphan(node.info.tiers, f"node {node_id} lost ({why})")
         return fenced
+
+    def _orphan(self, tiers: tuple[str, ...], why: str) -> None:
+        """Start the wait of each of `tiers` no live node offers now."""
+        left = self.tiers()
+        for tier in tiers:
+            if tier in left or tier in self.orphan_timers:
+                continue
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # bookkeeping outside a loop (tests): nothing waits
+                return
+            self.orphan_timers[tier] = loop.call_later(
+                self.orphan_wait_s, self._orphaned_tier, tier, why)
+
+    def _orphaned_tier(self, tier: str, why: str) -> None:
+        self.orphan_timers.pop(tier, None)
+        if tier in self.tiers():
+            return
+        err = (f"no live node offers the {tier!r} tier any more (the last: {why}) and "
+               f"none joined within {self.orphan_wait_s:g} s; start one (`ray start ... "
+               f"--resources '{{\"trialbox_node\": 1, \"trialbox_slots\": 8, "
+               f"\"trialbox_tier_{tier}\": 1}}'`) and retry — the work was not run")
+        for _, _, t, _, fut in self._waiters:
+            if t == tier and not fut.done():
+                fut.set_exception(NoNodeForTier(err))
 
     def drain(self, node_id: str) -> asyncio.Event:
         """Take no new work on the node; the event is set once its last lease ends."""
@@ -181,6 +224,7 @@ class Placer:
             self.stats.nodes_drained += 1
             for s in [s for s, n in self.sessions.items() if n == node_id]:
                 del self.sessions[s]
+            self._orphan(node.info.tiers, f"node {node_id} drained")
 
     # ------------------------------------------------------------------ leases
     async def acquire(self, tier: str, priority: int = 1,
@@ -189,6 +233,8 @@ class Placer:
         lease = self._try(tier, session)
         if lease is not None:
             return lease
+        if tier not in self.tiers():  # its nodes are gone: wait orphan_wait_s at most
+            self._orphan((tier,), "none live")
         fut: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (priority, next(self._seq), tier, session, fut))
         try:
