@@ -35,6 +35,12 @@
     │   │                   retried elsewhere; its late answer is discarded
     │   ├── cluster.channel.ChannelClosed  the connection to a node broke (its process
     │   │                       died, the network cut it): the node is treated as lost
+    │   ├── cluster.placement.NoNodeForTier  every node of the tier is gone and none
+    │   │                       joined within orphan_wait_s: the work was not run
+    │   ├── rollout.fleet.GenerationUnavailable  every policy server is lost and none
+    │   │                       was started again in time
+    │   ├── rollout.fleet.WeightsMissing  a policy server was asked for weights it does
+    │   │                       not hold (never answered with other weights)
     │   └── train.pipeline.StalenessError  a batch past the staleness bound reached the
     │                       trainer: our producer broke its own rule
     └── Unavailable           the work cannot be taken *now* (capacity, a deadline): try

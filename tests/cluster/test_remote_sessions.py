@@ -298,7 +298,8 @@ def test_train_backend_ray_gives_the_episodes_sessions_on_the_nodes(
     got: dict[str, Any] = {}
 
     async def train(config: Any, pool: Any = None, progress: Any = None,
-                    grader: Any = None) -> str:
+                    grader: Any = None, generation: Any = None) -> str:
+        assert generation is None  # no --policy-servers: the policy samples here
         got["pool"] = pool
         [tr] = (await rollout(ScriptedPolicy([RIGHT]), [SQUARE], config=AGENT,
                               pool=pool, grader=grader)).trajectories
