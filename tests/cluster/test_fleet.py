@@ -27,12 +27,12 @@ torch = pytest.importorskip("torch")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests.cluster.test_ray_cluster import (  # noqa: E402
-    HEALTH_CHECK,
     ROOT,
     driving,
+    head_cluster,
     nid,
-    node_resources,
     remove,
+    tiny_train_toml,
 )
 from trialbox.rollout.fleet import (  # noqa: E402
     GenerationConfig,
@@ -54,9 +54,7 @@ PROMPTS = [TOK.encode(p) for p in ("def f(x):", "print(", "# sum of a list\n",
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
-        "resources": node_resources(2, "namespace")})
+    c = head_cluster("namespace")
     c.gpu_nodes = [c.add_node(num_cpus=1, resources=GPU_NODE)  # type: ignore[attr-defined]
                    for _ in range(2)]
     with driving(c, tmp_path_factory):
@@ -171,30 +169,6 @@ def test_a_lost_server_costs_nothing_and_a_joining_node_replaces_it(
     asyncio.run(go())
 
 
-TRAIN_TOML = """
-[run]
-out_dir = "{out}"
-seed = 1
-[model]
-n_layer = 1
-n_embd = 32
-n_head = 2
-[sft]
-steps = 2
-batch_size = 4
-[grpo]
-steps = 2
-tasks_per_step = 2
-group_size = 2
-micro_batch = 2
-[rollout]
-max_turns = 1
-max_new_tokens = 8
-env_workers = 2
-mode = "{mode}"
-[eval]
-tasks = 2
-"""
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -205,7 +179,7 @@ def test_train_samples_on_the_policy_servers(cluster: Cluster, tmp_path: Path,
     version of the weights sent to them, the judging on the namespace node."""
     cfg = tmp_path / "t.toml"
     out = tmp_path / "run"
-    cfg.write_text(TRAIN_TOML.format(out=out, mode=mode))
+    cfg.write_text(tiny_train_toml(out, steps=2, mode=mode))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def train(*extra: str, timeout: float = 280) -> subprocess.CompletedProcess[str]:

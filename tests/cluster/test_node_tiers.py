@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests.cluster.test_ray_cluster import (  # noqa: E402
-    HEALTH_CHECK,
+    head_cluster,
     driving,
     node_resources,
 )
@@ -42,9 +42,7 @@ NO_LEAKS: dict[str, list[str]] = {"cgroups": [], "state": [], "processes": []}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
-        "resources": node_resources(2, "gvisor")})
+    c = head_cluster("gvisor")
     with driving(c, tmp_path_factory):
         yield c
 

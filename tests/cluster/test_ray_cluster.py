@@ -114,6 +114,42 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
+def head_cluster(*tiers: str, slots: int = 2) -> Cluster:
+    """A cluster whose head (one CPU) is a trialbox node offering `tiers`."""
+    return Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
+        "resources": node_resources(slots, *tiers)})
+
+
+def tiny_train_toml(out: Path, steps: int = 1, mode: str = "sync") -> str:
+    """A `trialbox train` config that runs in seconds: SFT, `steps` GRPO steps of 2 x 2
+    one-turn episodes, pass@1 on 2 tasks before and after."""
+    return f"""
+[run]
+out_dir = "{out}"
+seed = 1
+[model]
+n_layer = 1
+n_embd = 32
+n_head = 2
+[sft]
+steps = 2
+batch_size = 4
+[grpo]
+steps = {steps}
+tasks_per_step = 2
+group_size = 2
+micro_batch = 2
+[rollout]
+max_turns = 1
+max_new_tokens = 8
+env_workers = 2
+mode = "{mode}"
+[eval]
+tasks = 2
+"""
+
+
 @contextlib.contextmanager
 def driving(c: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """This process as the driver of `c`, then both shut down. Ray puts the driver's
@@ -511,29 +547,7 @@ def test_train_judges_its_episodes_on_the_cluster(cluster: Cluster, tmp_path: Pa
     """`trialbox train --backend ray`: a tiny run (SFT, one GRPO step, pass@1 before and
     after) whose every judging is placed on the cluster's namespace node."""
     cfg = tmp_path / "t.toml"
-    cfg.write_text(f"""
-[run]
-out_dir = "{tmp_path / 'run'}"
-seed = 1
-[model]
-n_layer = 1
-n_embd = 32
-n_head = 2
-[sft]
-steps = 2
-batch_size = 4
-[grpo]
-steps = 1
-tasks_per_step = 2
-group_size = 2
-micro_batch = 2
-[rollout]
-max_turns = 1
-max_new_tokens = 8
-env_workers = 2
-[eval]
-tasks = 2
-""")
+    cfg.write_text(tiny_train_toml(tmp_path / "run"))
     nowhere = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(cfg),
                               "--backend", "ray", "--address", "127.0.0.1:1"], cwd=ROOT,
                              capture_output=True, text=True, timeout=120,

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests.cluster.test_ray_cluster import (  # noqa: E402
-    HEALTH_CHECK,
+    head_cluster,
     driving,
     config,
     nid,
@@ -60,9 +60,7 @@ AGENT = AgentConfig(max_new_tokens=200, max_turns=2)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "_system_config": HEALTH_CHECK,
-        "resources": node_resources(2, "namespace")})
+    c = head_cluster("namespace")
     with driving(c, tmp_path_factory):
         yield c
 
