@@ -37,6 +37,7 @@ from tests.cluster.test_ray_cluster import (  # noqa: E402
 from trialbox.rollout.fleet import (  # noqa: E402
     GenerationConfig,
     PolicyFleet,
+    PolicyServer,
     WeightsMissing,
     chunk_plan,
 )
@@ -169,6 +170,46 @@ def test_a_lost_server_costs_nothing_and_a_joining_node_replaces_it(
     asyncio.run(go())
 
 
+
+
+def test_a_wedged_server_is_killed_and_its_chunk_answered_elsewhere(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """A server alive but never answering (a wedged device): past call_timeout_s its
+    chunk is re-run on another server — the same output — and it is killed and
+    replaced."""
+    flag = str(tmp_path / "wedge")
+
+    class WedgedServer(PolicyServer):  # defined here: Ray ships it by value
+        def generate(self, *args: Any) -> Any:
+            if os.path.exists(f"{flag}-{os.getpid()}"):
+                time.sleep(3600)
+            return super().generate(*args)
+
+    async def go() -> None:
+        m = model()
+        fleet = await PolicyFleet.start(
+            GenerationConfig(servers=2, call_timeout_s=3, replace_timeout_s=90), m, TOK,
+            server_class=WedgedServer)
+        try:
+            await fleet.publish(m, 0)
+            want = ids(local(m, 5, PROMPTS, 2, **KW))
+            assert ids(await fleet.policy(0, seed=5).generate(PROMPTS, **KW)) == want
+            wedged = (await fleet.servers_info())[0]
+            open(f"{flag}-{wedged['pid']}", "w").close()
+            t0 = time.monotonic()
+            assert ids(await fleet.policy(0, seed=5).generate(PROMPTS, **KW)) == want
+            assert 3 <= time.monotonic() - t0 < 60
+            assert fleet.lost == 1 and fleet.chunks_rerun == 1
+            deadline = time.monotonic() + 90  # its unit freed by the kill: replaced
+            while len(fleet.live) < 2:
+                assert time.monotonic() < deadline, fleet.status()
+                await asyncio.sleep(0.2)
+            pids = {i["pid"] for i in await fleet.servers_info()}
+            assert wedged["pid"] not in pids
+            assert ids(await fleet.policy(0, seed=5).generate(PROMPTS, **KW)) == want
+        finally:
+            await fleet.close()
+    asyncio.run(go())
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -43,7 +43,8 @@ once with the same resource demand: it starts wherever a unit is free — a node
 joins later included (elastic) — loads the versions held and joins the rotation. With
 no server live, a call waits up to `replace_timeout_s` for a replacement and then
 raises `GenerationUnavailable` (an `InfraError`: the rollout ends, nothing is graded as
-a wrong answer).
+a wrong answer). A server alive but silent past `call_timeout_s` (a wedged device) is
+killed and treated as lost.
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class GenerationConfig:
     """How long the servers may take to start and load the first weights."""
     replace_timeout_s: float = 60.0
     """How long a call waits for a replacement when no server is live."""
+    call_timeout_s: float = 600.0
+    """A chunk not answered within this (its wait behind the server's other calls
+    included) is its server's failure: the server is killed and replaced, the chunk
+    re-run elsewhere — a wedged device does not hold a rollout forever."""
     threads: int = 1
     """Torch threads of a server sampling on the CPU: fixed, because a float reduction
     split over another number of threads rounds differently, and a chunk must give
@@ -111,7 +116,7 @@ class GenerationConfig:
                 or self.threads < 1:
             raise UsageError(f"GenerationConfig.threads must be an int >= 1, got "
                              f"{self.threads!r}")
-        for name in ("start_timeout_s", "replace_timeout_s"):
+        for name in ("start_timeout_s", "replace_timeout_s", "call_timeout_s"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"GenerationConfig.{name} must be positive")
 
@@ -205,8 +210,9 @@ class PolicyFleet:
     """The driver's side: the servers, the versions published, the chunks' dispatch."""
 
     def __init__(self, config: GenerationConfig, resource: str, template_ref: Any,
-                 tokenizer: Tokenizer):
+                 tokenizer: Tokenizer, server_class: type[PolicyServer] = PolicyServer):
         self.config, self.resource = config, resource
+        self.server_class = server_class
         self.template_ref, self.tokenizer = template_ref, tokenizer
         self.live: list[_Server] = []
         self.pending: set[asyncio.Task[None]] = set()
@@ -240,13 +246,15 @@ class PolicyFleet:
         return resource
 
     @classmethod
-    async def start(cls, config: GenerationConfig, model: Any,
-                    tokenizer: Tokenizer) -> PolicyFleet:
+    async def start(cls, config: GenerationConfig, model: Any, tokenizer: Tokenizer, *,
+                    server_class: type[PolicyServer] = PolicyServer) -> PolicyFleet:
         """Start `config.servers` servers; refuses (nothing left running) a cluster
-        without that many units of the resource, or servers running other code."""
+        without that many units of the resource, or servers running other code.
+        `server_class`: the actor body (a `PolicyServer` subclass: tests, another
+        sampler)."""
         resource = await cls.check(config)
         template = copy.deepcopy(model).cpu().train(False)
-        fleet = cls(config, resource, ray.put(template), tokenizer)
+        fleet = cls(config, resource, ray.put(template), tokenizer, server_class)
         try:
             first = await asyncio.wait_for(asyncio.gather(
                 *(fleet._start_one() for _ in range(config.servers))),
@@ -273,7 +281,7 @@ class PolicyFleet:
         else:
             options["resources"] = {self.resource: 1}
         device = "cuda" if self.resource == GPU else "cpu"
-        remote: Any = ray.remote(PolicyServer)
+        remote: Any = ray.remote(self.server_class)
         return remote.options(**options).remote(self.template_ref, self.tokenizer,
                                                 device, self.config.keep,
                                                 self.config.threads)
@@ -398,10 +406,15 @@ class PolicyFleet:
             server = await self._server()
             server.in_flight += 1
             try:
-                out: list[Generation] = await server.actor.generate.remote(
-                    version, prompts, max_new_tokens, temperature, stop, seed)
+                out: list[Generation] = await asyncio.wait_for(_get(
+                    server.actor.generate.remote(version, prompts, max_new_tokens,
+                                                 temperature, stop, seed)),
+                    self.config.call_timeout_s)
                 return out
-            except RayActorError as e:
+            except (RayActorError, TimeoutError) as e:
+                if isinstance(e, TimeoutError):  # alive but wedged: it goes too
+                    e = TimeoutError(f"no answer within {self.config.call_timeout_s:g} s")
+                    _kill(server.actor)
                 self._lose(server, e)
                 self.chunks_rerun += 1
                 tries += 1
@@ -472,6 +485,10 @@ def resolve_resource(name: str, cluster: dict[str, float]) -> str:
     if name != "auto":
         return name
     return GPU if cluster.get(GPU, 0) >= 1 else GPU_STANDIN
+
+
+async def _get(ref: Any) -> Any:
+    return await ref
 
 
 def _kill(actor: Any) -> None:
