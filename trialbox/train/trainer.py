@@ -73,12 +73,12 @@ from trialbox.train.update import UpdateStats, policy_step
 from trialbox.types import Outcome, StepSummary, Task, TrainState, Trajectory
 
 Progress = Callable[[str, dict[str, Any]], None]
+"""(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop",
+"episodes" (the journal, and how many episodes were run now or read back from it)."""
 StartGeneration = Callable[[Any, ByteTokenizer], Awaitable[Any]]
 """(model, tokenizer) -> started policy servers: `publish(model, version)`,
 `policy(version, seed)`, `status()`, `servers_info()`, `close()`
 (`rollout.fleet.PolicyFleet`)."""
-"""(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop",
-"episodes" (the journal, and how many episodes were run now or read back from it)."""
 
 
 @dataclass
