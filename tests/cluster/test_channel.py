@@ -87,6 +87,27 @@ def test_a_broken_connection_fails_calls_in_flight_and_after() -> None:
     run(body())
 
 
+def test_frames_bigger_than_the_socket_buffers_arrive_whole_both_ways() -> None:
+    """Frames of several MiB, several at once (the sender's buffer fills: flow control
+    pauses and resumes it), and frames split across reads at every size: each answer
+    whole and to its own caller."""
+    async def body() -> None:
+        server = ChannelServer(handler, "127.0.0.1")
+        where = await server.start()
+        client = await ChannelClient.connect(where, timeout=5)
+        try:
+            blobs = [os.urandom(n) for n in (6 << 20, 1, 3 << 20, 0, 9 << 20)]
+            got = await asyncio.gather(*(client.call(("echo", b)) for b in blobs))
+            assert got == blobs
+            # many small calls sent in one burst, answered in any order
+            got = await asyncio.gather(*(client.call(("echo", i)) for i in range(2000)))
+            assert got == list(range(2000))
+        finally:
+            await client.close()
+            await server.close()
+    run(body())
+
+
 class Plant:
     """Unpickling this writes a file: proof that a frame was unpickled."""
 
