@@ -66,11 +66,10 @@ def _frame(obj: Any) -> bytes:
 class _Frames:
     """Length-prefixed frames out of a byte stream, as they complete. Both ends are
     `asyncio.Protocol`s parsing in `data_received`, not stream readers: no reader task to
-    wake per frame. Measured in session 12 (BENCHMARKS.md): an echo over loopback cost
-    30-40 µs of the caller's CPU and 26-31 µs of the server's as protocols against 38-58
-    and ~48 µs with asyncio streams; in `bench cluster`'s throughput rounds the node's
-    loop went from ~1.6 to ~1.3-1.5 ms of CPU per judged attempt and the driver's from
-    ~0.33 to ~0.24 ms."""
+    wake per frame. Measured in session 12 (BENCHMARKS.md), the two alternating in one
+    run: a ~700-byte call echoed over loopback, 4 in flight, cost 30-40 µs of the
+    caller's CPU and 26-31 µs of the server's as protocols, against 38-58 and ~48 µs
+    with asyncio streams."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
