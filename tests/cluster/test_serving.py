@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from types import SimpleNamespace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -41,6 +42,8 @@ class InProcess:
         self.config = Address()
         self.close_reports: dict[str, Any] = {}
         self.nodes = {n.config.node_id: n for n in nodes}
+        self.members = {n.config.node_id: SimpleNamespace(info=n.info()) for n in nodes}
+        """What `RayBackend.members` holds of each node: its `Node.info()`."""
         for n in nodes:
             self.placer.add(NodeInfo(n.config.node_id, n.config.slots, n.config.tiers))
         self.doomed: dict[str, str] = {}
@@ -198,4 +201,46 @@ def test_a_grading_whose_node_is_lost_is_placed_once_more() -> None:
             s = (await client.get("/v1/status")).json()
             assert s["counters"]["replaced"] == 1 and s["counters"]["grades"] == {
                 "passed": 1}
+    asyncio.run(body())
+
+
+def test_languages_are_the_nodes_not_the_servers() -> None:
+    """/v1/languages and every run's check ask the nodes (what each one's `Node.info`
+    and session say it runs), not the server's machine: a language one node lacks is
+    neither listed nor accepted for a one-shot (it may land there), a session on a node
+    that has it runs it, and with no node live nothing is blamed on the caller."""
+    async def body() -> None:
+        async with served() as (client, backend, provider):
+            everything = (await client.get("/v1/languages")).json()
+            assert everything["where"] == "the cluster's nodes"
+            assert "python" in everything["languages"]
+            # n2 as if its machine had no C compiler: C is not offered any more
+            backend.members["n2"].info = dict(backend.members["n2"].info, languages=[
+                x for x in everything["languages"] if x not in ("c", "cpp")])
+            listed = (await client.get("/v1/languages")).json()
+            assert "c" not in listed["languages"] and "python" in listed["languages"]
+            assert listed["declared"]["c"]["available"] is False
+            r = await client.post("/run_code", json={"code": "int main(){}",
+                                                     "language": "c"})
+            assert r.status_code == 400, r.text
+            assert "not offered by the cluster's nodes" in r.json()["message"]
+            assert not backend.ops  # refused before anything was placed
+            r = await client.post("/v1/exec", json={"code": "x", "language": "cobol"})
+            assert r.status_code == 400 and "unknown language 'cobol'" in r.json()["message"]
+            # a session checks against its own node's answer to open
+            sid = (await client.post("/v1/sessions", json={})).json()["session_id"]
+            sb = provider.live[next(iter(provider.live))]
+            sb.languages = ["python"]
+            r = await client.post(f"/v1/sessions/{sid}/run",
+                                  json={"code": "int main(){}", "language": "c"})
+            assert r.status_code == 400 and "use one of python" in r.json()["message"]
+            await client.delete(f"/v1/sessions/{sid}")
+            # no node left: the listing says so, a run is 503 infra (never a 400)
+            backend.lose("n1")
+            backend.lose("n2")
+            listed = (await client.get("/v1/languages")).json()
+            assert listed["languages"] == [] and "none live" in listed["where"]
+            r = await client.post("/run_code", json={"code": "int main(){}",
+                                                     "language": "c"})
+            assert r.status_code == 503 and r.json()["error"] == "infra", r.text
     asyncio.run(body())

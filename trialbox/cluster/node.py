@@ -35,6 +35,7 @@ from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.fake import FakeProvider
+from trialbox.sandbox.languages import offered
 from trialbox.types import Grade, Task
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,7 +170,8 @@ class Node:
                 "tiers": list(self.config.tiers), "slots": self.config.slots,
                 "runtimes": {t: p.runtime for t, p in self.providers.items()},
                 "engines": {t: engine_of(p) for t, p in self.providers.items()},
-                "pools": [p.id for p in self._pools], "channel": self.channel}
+                "pools": [p.id for p in self._pools], "channel": self.channel,
+                "languages": offered()}
 
     async def ping(self) -> float:
         return time.time()

@@ -86,6 +86,17 @@ class ServingProvider(RemoteProvider):
             raise InfraError(why)
         return await super().open(limits)
 
+    def languages(self) -> list[str] | None:
+        """The languages every live node offering the tier can run (the toolchains
+        installed there, `Node.info`): a one-shot may be placed on any of them, so this
+        is what the server offers and checks requests against — not its own machine's.
+        None while no live node offers the tier (nothing to ask)."""
+        placer = self.backend.placer
+        offers = [set(m.info.get("languages", ()))
+                  for nid, m in getattr(self.backend, "members", {}).items()
+                  if nid in placer.nodes and self.tier in placer.nodes[nid].info.tiers]
+        return sorted(set.intersection(*offers)) if offers else None
+
     def cluster_status(self) -> dict[str, Any]:
         """What /v1/status shows under `pool`: where the sessions are, per node."""
         placer = self.backend.placer

@@ -46,6 +46,7 @@ from trialbox.cluster.node import NodeContext
 from trialbox.cluster.placement import NodeLost
 from trialbox.errors import SandboxUnavailable, UsageError
 from trialbox.sandbox.base import Sandbox, SandboxProvider
+from trialbox.sandbox.languages import offered
 from trialbox.types import ExecResult, Limits, Runtime
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ class SessionWorkload:
     def _where(self, sb: Sandbox) -> dict[str, Any]:
         assert self._node is not None
         return {"node": self._node.config.node_id, "pid": os.getpid(),
-                "host": socket.gethostname(), "tier": sb.tier, "limits": sb.limits}
+                "host": socket.gethostname(), "tier": sb.tier, "limits": sb.limits,
+                "languages": offered()}
 
     async def run(self, payload: Any, session: dict[str, Any] | None) -> Any:
         assert self._node is not None
@@ -153,6 +155,8 @@ class RemoteSandbox:
         self.node: str = where["node"]
         self.tier: str = where["tier"]
         self.limits: Limits = where["limits"]
+        self.languages: list[str] = where["languages"]
+        """What its node can run (`run_code` checks against it, not the driver's)."""
         self.closed = False
         self.moves = 0
         """Times this session was moved to another node (its node lost)."""
@@ -204,6 +208,7 @@ class RemoteSandbox:
             raise
         self.provider.moved(old, new, self)
         self.session, self.where, self.node = new, where, where["node"]
+        self.languages = where["languages"]
         self.moves += 1
         for path, data, mode in self._writes:
             await self.provider.call(new, "write_file", (path, data, mode), {})

@@ -172,8 +172,21 @@ def offered() -> list[str]:
     return sorted(n for n, spec in LANGUAGES.items() if spec.available())
 
 
-def language(name: str) -> Language:
+def language(name: str, offer: Sequence[str] | None = None) -> Language:
+    """The spec of `name` (or an alias), refused (`UnknownLanguage`, a UsageError) when
+    unknown or not runnable where it will run: this machine, or — `offer` given — the
+    machines that will run it (a cluster's nodes: `trialbox serve --backend ray`)."""
     key = ALIASES.get(name, name) if isinstance(name, str) else name
+    if offer is not None:
+        if key not in offer:
+            known = "unknown language" if key not in LANGUAGES else "language"
+            raise UnknownLanguage(
+                f"{known} {name!r} is not offered by the cluster's nodes (their installed "
+                f"toolchains; a run may be placed on any of them): use one of "
+                f"{', '.join(offer) or 'none'}"
+                + (f", or install {LANGUAGES[key].package} on every node"
+                   if key in LANGUAGES else ""))
+        return LANGUAGES[key]
     if key not in LANGUAGES:
         raise UnknownLanguage(f"unknown language {name!r}; use one of those installed here: "
                               f"{', '.join(offered())}")
@@ -209,7 +222,8 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
     For compiled languages a failed compilation is returned as the result (its status
     and the compiler's stderr), with the same object also in `.compile`.
     """
-    spec = language(lang)
+    # a session on another machine (a cluster node's) says what that machine runs
+    spec = language(lang, getattr(sb, "languages", None))
     source = _source_bytes(code)
     filename, cls = spec.file_for(source)
     try:

@@ -105,10 +105,10 @@ def fusion_response(result: ExecResult, files: dict[str, str | None]) -> dict[st
 @router.post("/run_code")
 async def run_code_endpoint(body: RunCodeRequest, request: Request) -> dict[str, Any]:
     """Run `code` once in a fresh sandbox, SandboxFusion style."""
-    from trialbox.service.v1 import one_shot
+    from trialbox.service.v1 import offer, one_shot
     state: ServiceState = request.app.state.service
     config = state.config
-    spec = language(body.language)  # unknown → 400 listing the languages offered
+    spec = language(body.language, offer(state))  # unknown → 400 listing those offered
     memory = body.memory_limit_MB if body.memory_limit_MB > 0 else None
     if body.memory_limit_MB == 0 or body.memory_limit_MB < -1:
         raise FieldError("memory_limit_MB", f"must be a positive number of MiB or -1 (the "

@@ -69,6 +69,20 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
+def offer(state: ServiceState) -> list[str] | None:
+    """The languages the server's sandboxes can run when they are not on this machine
+    (`serve --backend ray`: what every node offering the tier runs,
+    `ServingProvider.languages`); None: this machine's (`languages.offered`)."""
+    from trialbox.sandbox.languages import LANGUAGES
+    languages = getattr(state.provider, "languages", None)
+    if not callable(languages):
+        return None
+    got = languages()
+    # no live node to ask: any declared language passes this check and the placement
+    # answers 503 (infrastructure): a missing node is never the caller's error
+    return sorted(LANGUAGES) if got is None else list(got)
+
+
 def _session(state: ServiceState, sid: str) -> Session:
     try:
         session = state.sessions.get(sid)
@@ -199,7 +213,8 @@ async def session_run(sid: str, body: RunIn, request: Request) -> dict[str, Any]
     """Write `code` to the language's file in the session, compile if needed, run it."""
     state = _state(request)
     session = _session(state, sid)
-    language_spec(body.language)  # unknown language → 400 before anything runs
+    # unknown, or not run where the session is → 400 before anything runs
+    language_spec(body.language, getattr(session.sandbox, "languages", None))
     limits = resolve_limits(body.limits, state.config) if body.limits else None
     stdin = _stdin(body.stdin, body.stdin_b64)
     sb = session.sandbox
@@ -259,7 +274,7 @@ async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
                    kind: str = "exec") -> tuple[ExecResult, dict[str, str | None]]:
     """A fresh sandbox: write `files`, run, read `fetch_files` (None for a missing one),
     close. Shared by /v1/exec and /run_code."""
-    language_spec(body.language)
+    language_spec(body.language, offer(state))
     limits = resolve_limits(body.limits, state.config)
     stdin = _stdin(body.stdin, body.stdin_b64)
     state.require_provider()
@@ -355,7 +370,7 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
                  field: str = "") -> dict[str, Any]:
     task = _task_of(sub, field)
     if task.kind is TaskKind.STDIO:
-        language_spec(sub.language)
+        language_spec(sub.language, offer(state))
     elif task.kind is not TaskKind.FUNCTION:
         raise FieldError(f"{field}task", f"task kind {task.kind.value!r} cannot be graded "
                          "by the service; use function or stdio tasks")
@@ -438,12 +453,20 @@ async def list_submissions(request: Request, limit: int = 50) -> dict[str, Any]:
 
 
 @router.get("/languages")
-async def languages() -> dict[str, Any]:
-    """The languages this server runs (their toolchains are installed here), and every
-    language trialbox declares with what it needs."""
+async def languages(request: Request) -> dict[str, Any]:
+    """The languages this server runs (their toolchains are installed where its
+    sandboxes run: this machine, or with `--backend ray` every node offering the tier),
+    and every language trialbox declares with what it needs."""
     from trialbox.sandbox.languages import ALIASES, LANGUAGES, offered
-    return {"languages": offered(), "aliases": ALIASES,
-            "declared": {name: {"available": spec.available(), "package": spec.package,
+    on_nodes = getattr(_state(request).provider, "languages", None)
+    if callable(on_nodes):
+        got = on_nodes()
+        here, where = (got or []), ("the cluster's nodes" if got is not None
+                                    else "the cluster's nodes (none live now)")
+    else:
+        here, where = offered(), "this machine"
+    return {"languages": here, "aliases": ALIASES, "where": where,
+            "declared": {name: {"available": name in here, "package": spec.package,
                                 "needs": list(spec.needs)}
                          for name, spec in sorted(LANGUAGES.items())}}
 
