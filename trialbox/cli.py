@@ -284,6 +284,8 @@ async def _eval(args: argparse.Namespace) -> int:
         raise UsageError("--resume needs --db FILE: the journal of the eval run to finish")
     if args.repeat < 1 or args.workers < 1:
         raise UsageError("--repeat and --workers must be at least 1")
+    from trialbox.cluster.cli import check_local_flags
+    check_local_flags(args)
     loaded = load_tasks(args.tasks)
     if args.amplified:
         from trialbox.judge.amplify import apply, load

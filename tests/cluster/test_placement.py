@@ -14,6 +14,7 @@ from trialbox.cluster.placement import (
     Placer,
     TierUnavailable,
 )
+from trialbox.errors import UsageError
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -130,6 +131,56 @@ def test_work_for_a_tier_whose_nodes_are_all_gone_fails_as_infra_in_time() -> No
         assert not p.orphan_timers
         await asyncio.sleep(0.3)  # nothing fails later either
     run(body())
+
+
+def test_idle_nodes_go_dormant_and_come_back_for_waiting_work() -> None:
+    """`idle_for` counts only a node with no lease, no session and no drain; a released
+    node is dormant (not gone: it may be added again), still counts as offering its
+    tiers, and work waiting for them shows in `waiting_tiers`."""
+    async def body() -> None:
+        p = Placer(orphan_wait_s=5)
+        p.add(NodeInfo("a", 1, ("fake",)))
+        p.add(NodeInfo("b", 1, ("fake",)))
+        x = await p.acquire("fake", session="s")
+        assert p.idle_for(x.node) == 0.0
+        p.release(x)
+        assert p.idle_for(x.node) == 0.0  # its session lives there
+        other = "b" if x.node == "a" else "a"
+        await asyncio.sleep(0.05)
+        assert p.idle_for(other) >= 0.05
+        p.release_idle(other)
+        assert other in p.dormant and other not in p.nodes and other not in p.gone
+        p.end_session("s")
+        p.release_idle(x.node)
+        assert p.tiers() == set() and p.offered() == {"fake"}
+        p.check_tier("fake")  # dormant nodes still offer it
+        waiting = asyncio.ensure_future(p.acquire("fake"))
+        await asyncio.sleep(0)
+        assert p.waiting_tiers() == {"fake"} and "fake" in p.orphan_timers
+        p.add(p.dormant[other])  # admitted again: the waiter is served
+        assert (await asyncio.wait_for(waiting, 1)).node == other
+        assert other not in p.dormant and not p.orphan_timers
+        p.forget_dormant(x.node)  # its machine left the cluster
+        assert p.offered() == {"fake"} and not p.dormant
+        assert p.stats.nodes_released == 2
+    run(body())
+
+
+def test_idle_release_is_refused_without_the_ray_backend_or_a_positive_time() -> None:
+    import subprocess
+    import sys
+    for cmd in (["eval", "--tasks", "humaneval", "--samples", "none.jsonl", "--out",
+                 "none.json"],
+                ["train", "none.toml"], ["serve"]):
+        p = subprocess.run([sys.executable, "-m", "trialbox.cli", *cmd,
+                            "--idle-release-s", "5"], capture_output=True, timeout=60)
+        assert p.returncode == 2, (cmd, p.stderr)
+        assert b"--idle-release-s releases idle cluster nodes: it needs --backend ray" \
+            in p.stderr, (cmd, p.stderr)
+    pytest.importorskip("ray")
+    from trialbox.cluster.backend import ClusterConfig
+    with pytest.raises(UsageError, match="--idle-release-s must be a positive"):
+        ClusterConfig(idle_release_s=0)
 
 
 def test_core_and_the_cli_import_no_ray() -> None:

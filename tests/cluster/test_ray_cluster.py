@@ -382,6 +382,53 @@ def test_drained_node_finishes_its_work_and_leaves(cluster: Cluster,
         remove(cluster, d)  # the machine goes; nothing of the run depended on it
 
 
+def test_idle_nodes_are_released_and_admitted_again_when_work_waits(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """`idle_release_s`: a node with no work and no session for that long is closed
+    (pools, actor: its trialbox_node resource is free, the machine holds nothing of
+    trialbox's) and dormant; a node holding a session stays; work arriving for the
+    dormant nodes' tier admits them again, and every task still has one result."""
+    a, b = (nid(n) for n in cluster.trialbox_nodes.values())  # type: ignore[attr-defined]
+
+    async def until(cond: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.05)
+
+    async def body() -> None:
+        async with RayBackend(config(cluster, min_nodes=2, idle_release_s=1.0)) as be:
+            await be.load("w", FakeWorkload(seconds=0.05))
+            first = str(tmp_path / "first.db")
+            results, answers = await run_tasks(be, first, 12, max_active=4)
+            assert all(s == "done" for s, _ in results.values())
+            assert {x["node"] for x in answers.values()} == {a, b}
+            # a session keeps its node: the other one goes, this one stays
+            held = (await be.run("w", "turn", tier="fake", session="s1"))["node"]
+            other = b if held == a else a
+            await until(lambda: other in be.placer.dormant, "the idle node stayed")
+            await asyncio.sleep(1.5)  # past idle_release_s again: the session holds it
+            assert held in be.members and held not in be.placer.dormant
+            assert be.close_reports[other]["leaks"] == {"cgroups": [], "state": [],
+                                                        "processes": []}
+            await be.end_session("s1")
+            await until(lambda: not be.members and not be._releasing,
+                        "the session's node stayed after the session ended")
+            assert set(be.placer.dormant) == {a, b}
+            assert be.placer.stats.nodes_released == 2
+            assert await asyncio.to_thread(wait_all_nodes_free)  # no actor holds one
+            be.check_tier("fake")  # dormant nodes still count as offering their tiers
+            # work for their tier: admitted again (new actors), each task once
+            second = str(tmp_path / "second.db")
+            results, answers = await run_tasks(be, second, 12, max_active=4)
+            assert all(s == "done" for s, _ in results.values())
+            assert {x["node"] for x in answers.values()} <= {a, b}
+            assert not transitions(second, "infra")
+            assert be.placer.stats.nodes_joined >= 3 and not be.placer.gone
+    asyncio.run(body())
+    assert wait_all_nodes_free()
+
+
 def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
         cluster: Cluster, tmp_path: Path) -> None:
     k = cluster.add_node(num_cpus=1, resources=node_resources(2, "fake", "namespace"))

@@ -24,6 +24,12 @@ The work itself travels beside Ray: each node serves `Node.run` on a TCP port of
 address and the driver keeps one connection to it (`channel.py`, `ClusterConfig.channel`),
 because a Ray actor call per judged attempt cost more than the attempt may add. A broken
 connection is a lost node, exactly as an actor death is.
+
+Idle capacity is given back (`ClusterConfig.idle_release_s`, off by default): a node with
+no work in flight and no session for that long is closed (its pools, its actor) and
+becomes *dormant* -- its `trialbox_node` resource is free again, so the machine holds
+nothing of trialbox's and a Ray autoscaler (KubeRay's) may take it away; when work waits
+for a tier a dormant node offers, the next poll admits it again (new actor, new pools).
 """
 
 from __future__ import annotations
@@ -86,6 +92,9 @@ class ClusterConfig:
     """How long HOST:PORT may take to accept a TCP connection before it is refused."""
     min_nodes: int = 1
     """Nodes that must have joined before `start` returns."""
+    idle_release_s: float | None = None
+    """Close a node idle this long (no work in flight, no session) and keep it dormant
+    until work waits for its tier; None (default): nodes stay for the whole run."""
     join_timeout_s: float = 60.0
     """How long `start` waits for `min_nodes`."""
     warm: int = 8
@@ -115,6 +124,9 @@ class ClusterConfig:
                      "orphan_wait_s"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"{name} must be positive")
+        if self.idle_release_s is not None and not self.idle_release_s > 0:
+            raise UsageError(f"--idle-release-s must be a positive number of seconds "
+                             f"(or left out: nodes stay), got {self.idle_release_s}")
 
 
 @dataclass
@@ -180,6 +192,8 @@ class RayBackend:
         self.close_reports: dict[str, dict[str, Any]] = {}
         """Each node's answer to `close` (runs, leaks) when it was drained or closed."""
         self._joining: set[str] = set()
+        self._releasing: dict[str, asyncio.Task[None]] = {}
+        """Idle nodes being closed (`_release`): not admitted meanwhile."""
         self._monitor: asyncio.Task[None] | None = None
         self._owns_ray = False
         self._closed = False
@@ -254,6 +268,7 @@ class RayBackend:
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
+        await asyncio.gather(*self._releasing.values(), return_exceptions=True)
         await asyncio.gather(*(self._close_member(nid) for nid in list(self.members)),
                              *(self._close_lost(nid, a) for nid, a in self.lost.items()))
         for ch in self._lost_channels:
@@ -281,9 +296,11 @@ class RayBackend:
                 if poll is None or poll.done():  # a slow admission does not stall pings
                     poll = asyncio.get_running_loop().create_task(self._poll_logged())
                 self._check_health()
+                self._release_idle()
         finally:
-            if poll is not None:
+            if poll is not None:  # a join cut short kills the actor it started
                 poll.cancel()
+                await asyncio.gather(poll, return_exceptions=True)
 
     async def _poll_logged(self) -> None:
         try:
@@ -298,6 +315,40 @@ class RayBackend:
                 self._lose(nid, f"no answer for {now - m.last_seen:.1f} s")
             elif m.ping is None or m.ping.done():
                 m.ping = asyncio.get_running_loop().create_task(self._ping(nid, m))
+
+    def _release_idle(self) -> None:
+        limit = self.config.idle_release_s
+        if limit is None:
+            return
+        for nid in self.placer.idle_nodes(limit):
+            if nid in self.members and nid not in self._releasing:
+                # out of placement now, in the step that saw it idle: nothing can be
+                # granted there between the check and the close
+                self.placer.release_idle(nid)
+                self._releasing[nid] = asyncio.get_running_loop().create_task(
+                    self._release(nid))
+
+    async def _release(self, nid: str) -> None:
+        """Close an idle node, already dormant in the placer (`_release_idle`); `_poll`
+        admits it again on demand."""
+        try:
+            m = self.members.pop(nid, None)
+            if m is None:
+                return
+            if m.ping is not None:
+                m.ping.cancel()
+            if m.channel is not None:
+                await m.channel.close()
+            try:
+                self.close_reports[nid] = await asyncio.wait_for(
+                    _await(m.actor.close.remote()), timeout=60)
+            except (RayError, TimeoutError) as e:
+                self.close_reports[nid] = {"error": str(e)}
+            _kill(m.actor)
+            log.info("node %s released after %.0f s idle; dormant until work waits "
+                     "for its tiers", nid, self.config.idle_release_s or 0)
+        finally:
+            self._releasing.pop(nid, None)
 
     async def _ping(self, nid: str, m: _Member) -> None:
         try:
@@ -318,10 +369,16 @@ class RayBackend:
             if not n.get("Alive"):
                 if nid in self.members:
                     self._lose(nid, "its raylet is gone")
+                self.placer.forget_dormant(nid)  # e.g. the autoscaler took it away
                 continue
             if res.get(NODE, 0) < 1:
                 continue
+            dormant = self.placer.dormant.get(nid)
+            if dormant is not None and not (set(dormant.tiers)
+                                            & self.placer.waiting_tiers()):
+                continue  # released for being idle: admitted again when work waits
             if (nid in self.members or nid in self._joining or nid in self.placer.gone
+                    or nid in self._releasing
                     or nid in self.refused or nid in self.failed
                     or nid in self.died_joining):
                 continue
@@ -347,6 +404,18 @@ class RayBackend:
             options["runtime_env"] = self.config.node_runtime_env
         remote: Any = ray.remote(Node)
         actor: Any = remote.options(**options).remote(config)
+        try:
+            await self._join(nid, address, config, actor)
+        except asyncio.CancelledError:
+            # cut short (the backend closing while this node was joining): no actor may
+            # be left holding the node's trialbox_node resource
+            m = self.members.get(nid)
+            if m is None or m.actor is not actor:
+                _kill(actor)
+            raise
+
+    async def _join(self, nid: str, address: str, config: NodeConfig, actor: Any) -> None:
+        slots, tiers = config.slots, config.tiers
         # Versions first: a node running other software is refused before its pools
         # start (nothing half-started on it).
         try:

@@ -26,6 +26,15 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                    "(default), gvisor, container; a tier that cannot run is an error, never "
                    "a fallback (--backend ray: the nodes offering it with their "
                    "trialbox_tier_<name> resource)")
+    _idle_release_argument(p)
+
+
+def _idle_release_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--idle-release-s", type=float, default=None, metavar="S",
+                   help="--backend ray: close a node that has had no work and no session "
+                   "for S seconds (its pools and actor; the machine is then free for the "
+                   "cluster's autoscaler) and admit it again when work waits for its tier "
+                   "(default: nodes stay for the whole run)")
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser, what: str,
@@ -38,15 +47,26 @@ def add_cluster_arguments(p: argparse.ArgumentParser, what: str,
     p.add_argument("--address", default="auto", metavar="auto|HOST:PORT",
                    help="--backend ray: the cluster's head (default auto: the cluster "
                    "`ray start` made on this machine)")
+    _idle_release_argument(p)
+
+
+def check_local_flags(args: argparse.Namespace) -> None:
+    """Refuse a cluster-only option given without --backend ray (it would do nothing)."""
+    if getattr(args, "backend", "local") != "ray" and getattr(
+            args, "idle_release_s", None) is not None:
+        raise UsageError("--idle-release-s releases idle cluster nodes: it needs "
+                         "--backend ray (drop it to run on this machine)")
 
 
 def cluster_config(args: argparse.Namespace) -> Any:
     """The ClusterConfig of --backend ray (None for local); Ray is needed only then."""
+    check_local_flags(args)
     if getattr(args, "backend", "local") != "ray":
         return None
     _ray_or_explain()
     from trialbox.cluster.backend import ClusterConfig
-    return ClusterConfig(address=args.address)
+    return ClusterConfig(address=args.address,
+                         idle_release_s=getattr(args, "idle_release_s", None))
 
 
 def _ray_or_explain() -> None:
@@ -71,7 +91,9 @@ async def eval_on_ray(args: argparse.Namespace, tasks: dict[str, Task],
     with open(args.samples, "rb") as f:
         raw = f.read()
     return await eval_on_cluster(
-        tasks, samples, cluster=ClusterConfig(address=args.address), tier=args.tier,
+        tasks, samples, cluster=ClusterConfig(
+            address=args.address, idle_release_s=getattr(args, "idle_release_s", None)),
+        tier=args.tier,
         workers=args.workers, repeat=args.repeat, db=args.db, run=args.run,
         resume=args.resume, samples_bytes=raw, reward=args.reward,
         time_scale=args.time_scale, amplified=args.amplified, config=config,

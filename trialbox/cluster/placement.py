@@ -89,6 +89,8 @@ class _Node:
     last_used: float = 0.0
     placed: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    idle_since: float = 0.0
+    """When its last piece of work ended (or it joined)."""
 
 
 @dataclass
@@ -101,6 +103,9 @@ class PlacerStats:
     nodes_lost: int = 0
     nodes_joined: int = 0
     nodes_drained: int = 0
+    nodes_released: int = 0
+    """Nodes closed for being idle (`ClusterConfig.idle_release_s`): dormant, their
+    machine free for the cluster's autoscaler to take away."""
 
 
 class Placer:
@@ -112,6 +117,9 @@ class Placer:
         self.nodes: dict[str, _Node] = {}
         self.gone: set[str] = set()
         """Nodes lost or drained: never placed on again under that id."""
+        self.dormant: dict[str, NodeInfo] = {}
+        """Nodes released for being idle (`release_idle`): no actor, nothing placed on
+        them; the backend admits one again (`add`) when work waits for its tier."""
         self.sessions: dict[str, str] = {}
         self.orphaned: dict[str, str] = {}
         """Sessions whose node was lost: their files went with it, so their next turn
@@ -130,8 +138,9 @@ class Placer:
             raise UsageError(f"node {info.node_id} offers {info.slots} slots and tiers "
                              f"{info.tiers}: declare trialbox_slots >= 1 and at least one "
                              "trialbox_tier_<name> resource")
-        node = _Node(info)
+        node = _Node(info, idle_since=time.monotonic())
         node.idle.set()
+        self.dormant.pop(info.node_id, None)
         self.nodes[info.node_id] = node
         self.stats.nodes_joined += 1
         for tier in info.tiers:  # a node of the tier came back in time
@@ -143,9 +152,14 @@ class Placer:
     def tiers(self) -> set[str]:
         return {t for n in self.nodes.values() if not n.draining for t in n.info.tiers}
 
+    def offered(self) -> set[str]:
+        """Tiers of the live nodes and of the dormant ones (admitted again on demand)."""
+        return self.tiers() | {t for i in self.dormant.values() for t in i.tiers}
+
     def check_tier(self, tier: str) -> None:
-        """Refuse at once a tier no live node offers (before anything is started)."""
-        offered = self.tiers()
+        """Refuse at once a tier no live (or dormant) node offers (before anything is
+        started)."""
+        offered = self.offered()
         if tier not in offered:
             raise TierUnavailable(
                 f"no node of the cluster offers the {tier!r} sandbox tier (offered: "
@@ -217,6 +231,38 @@ class Placer:
         node.draining = True
         return node.idle
 
+    def idle_for(self, node_id: str) -> float:
+        """Seconds the node has had no work in flight and no session (0 if it has)."""
+        return self.idle_nodes(0.0).get(node_id, 0.0)
+
+    def idle_nodes(self, longer_than: float) -> dict[str, float]:
+        """Live nodes with no work in flight, no session and no drain for more than
+        `longer_than` seconds, with how long (one pass over the sessions)."""
+        now = time.monotonic()
+        with_sessions = set(self.sessions.values())
+        return {nid: now - n.idle_since for nid, n in self.nodes.items()
+                if not n.inflight and not n.draining and nid not in with_sessions
+                and now - n.idle_since > longer_than}
+
+    def release_idle(self, node_id: str) -> None:
+        """Take the idle node out of placement without calling it gone: it becomes
+        dormant (`add` admits it again). The caller checked `idle_for` in this same
+        step (nothing runs there, no session lives there)."""
+        node = self.nodes.pop(node_id, None)
+        if node is None:
+            return
+        self.dormant[node_id] = node.info
+        self.stats.nodes_released += 1
+        self._orphan(node.info.tiers, f"node {node_id} released (idle)")
+
+    def forget_dormant(self, node_id: str) -> None:
+        """A dormant node's machine is gone (its raylet left): nothing to admit again."""
+        self.dormant.pop(node_id, None)
+
+    def waiting_tiers(self) -> set[str]:
+        """Tiers that work is waiting for (a free slot, or a node)."""
+        return {w[2] for w in self._waiters if not w[4].done()}
+
     def remove_drained(self, node_id: str) -> None:
         node = self.nodes.pop(node_id, None)
         if node is not None:
@@ -254,6 +300,7 @@ class Placer:
         if node is not None and node.inflight.pop(lease.lease_id, None) is not None:
             if not node.inflight:
                 node.idle.set()
+                node.idle_since = time.monotonic()
             self._serve()
         return True
 

@@ -68,7 +68,7 @@ class ServingProvider(RemoteProvider):
 
     def unavailable(self) -> str:
         """Why nothing can be placed now ("" when a live node offers the tier)."""
-        if self.tier in self.backend.placer.tiers():
+        if self.tier in self.backend.placer.offered():  # a dormant node is admitted again
             return ""
         lost = self.backend.placer.stats.nodes_lost
         return (f"no live cluster node offers the {self.tier!r} tier any more ({lost} "

@@ -99,6 +99,8 @@ def main(args: argparse.Namespace) -> int:
         return demo_main(args)
     from trialbox.train.config import load_config
     from trialbox.train.trainer import train
+    from trialbox.cluster.cli import check_local_flags
+    check_local_flags(args)
     checkpoints = getattr(args, "session_checkpoints", None)
     if checkpoints is not None and getattr(args, "backend", "local") != "ray":
         raise UsageError("--session-checkpoints is for --backend ray (a local run's "
