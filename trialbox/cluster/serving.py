@@ -109,7 +109,8 @@ class ServingProvider(RemoteProvider):
                                 "placed": n.placed, "sessions": on.get(nid, 0),
                                 "draining": n.draining}
                           for nid, n in placer.nodes.items()},
-                "nodes_lost": sorted(placer.gone - set(self.backend.close_reports))}
+                "nodes_lost": sorted(placer.gone - set(self.backend.close_reports)),
+                "nodes_dormant": sorted(placer.dormant)}
 
 
 class ClusterServing:
