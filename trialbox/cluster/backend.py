@@ -332,19 +332,9 @@ class RayBackend:
         """Close an idle node, already dormant in the placer (`_release_idle`); `_poll`
         admits it again on demand."""
         try:
-            m = self.members.pop(nid, None)
-            if m is None:
-                return
-            if m.ping is not None:
-                m.ping.cancel()
-            if m.channel is not None:
-                await m.channel.close()
-            try:
-                self.close_reports[nid] = await asyncio.wait_for(
-                    _await(m.actor.close.remote()), timeout=60)
-            except (RayError, TimeoutError) as e:
-                self.close_reports[nid] = {"error": str(e)}
-            _kill(m.actor)
+            # as a drained node is closed; the placer already holds it dormant, so
+            # `_close_member`'s remove_drained finds nothing to call gone
+            await self._close_member(nid)
             log.info("node %s released after %.0f s idle; dormant until work waits "
                      "for its tiers", nid, self.config.idle_release_s or 0)
         finally:

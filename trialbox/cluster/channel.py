@@ -67,9 +67,9 @@ class _Frames:
     """Length-prefixed frames out of a byte stream, as they complete. Both ends are
     `asyncio.Protocol`s parsing in `data_received`, not stream readers: no reader task to
     wake per frame. Measured in session 12 (BENCHMARKS.md, `scripts/channel_echo_ab.py`),
-    the two alternating in one run: a ~700-byte call echoed over loopback, 4 in flight, cost 30-40 µs of the
-    caller's CPU and 26-31 µs of the server's as protocols, against 38-58 and ~48 µs
-    with asyncio streams."""
+    the two alternating in one run: a ~700-byte call echoed over loopback, 4 in flight,
+    cost 30-40 µs of the caller's CPU and 26-31 µs of the server's as protocols, against
+    38-58 and ~48 µs with asyncio streams."""
 
     def __init__(self) -> None:
         self.buf = bytearray()
