@@ -88,8 +88,11 @@ async def opener(limits):
 
 
 async def play(db: str, sc: dict) -> dict[str, bool]:
+    # turn_timeout_s: a normal turn takes a few ms, a "slow" one 5 s. 0.3 s was too
+    # close: in a loaded `make test` (session 12) a normal turn passed it and ended
+    # timed_out (a flaky failure, not a scheduler bug); 1 s costs ~12 s of test time.
     cfg = SchedulerConfig(max_active=sc["max_active"], max_retries=sc["max_retries"],
-                          backoff_s=0.001, backoff_max_s=0.003, turn_timeout_s=0.3,
+                          backoff_s=0.001, backoff_max_s=0.003, turn_timeout_s=1.0,
                           capacity=Capacity(64, 1 << 20, 1 << 20), sandbox_rate=1e6,
                           sandbox_burst=1000)
     cancelled: dict[str, bool] = {}
