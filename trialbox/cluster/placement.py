@@ -246,7 +246,7 @@ class Placer:
 
     def release_idle(self, node_id: str) -> None:
         """Take the idle node out of placement without calling it gone: it becomes
-        dormant (`add` admits it again). The caller checked `idle_for` in this same
+        dormant (`add` admits it again). The caller checked `idle_nodes` in this same
         step (nothing runs there, no session lives there)."""
         node = self.nodes.pop(node_id, None)
         if node is None:

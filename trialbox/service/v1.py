@@ -69,15 +69,21 @@ def _state(request: Request) -> ServiceState:
     return state
 
 
-def offer(state: ServiceState) -> list[str] | None:
-    """The languages the server's sandboxes can run when they are not on this machine
-    (`serve --backend ray`: what every node offering the tier runs,
-    `ServingProvider.languages`); None: this machine's (`languages.offered`)."""
-    from trialbox.sandbox.languages import LANGUAGES
+def _on_nodes(state: ServiceState) -> tuple[bool, list[str] | None]:
+    """(True, what every live node offering the tier runs — None while none is live)
+    when the sandboxes are a cluster's (`ServingProvider.languages`); (False, None) when
+    they are on this machine."""
     languages = getattr(state.provider, "languages", None)
-    if not callable(languages):
+    return (True, languages()) if callable(languages) else (False, None)
+
+
+def offer(state: ServiceState) -> list[str] | None:
+    """The languages a request is checked against when the sandboxes are not on this
+    machine (`serve --backend ray`); None: this machine's (`languages.offered`)."""
+    from trialbox.sandbox.languages import LANGUAGES
+    cluster, got = _on_nodes(state)
+    if not cluster:
         return None
-    got = languages()
     # no live node to ask: any declared language passes this check and the placement
     # answers 503 (infrastructure): a missing node is never the caller's error
     return sorted(LANGUAGES) if got is None else list(got)
@@ -458,9 +464,8 @@ async def languages(request: Request) -> dict[str, Any]:
     sandboxes run: this machine, or with `--backend ray` every node offering the tier),
     and every language trialbox declares with what it needs."""
     from trialbox.sandbox.languages import ALIASES, LANGUAGES, offered
-    on_nodes = getattr(_state(request).provider, "languages", None)
-    if callable(on_nodes):
-        got = on_nodes()
+    cluster, got = _on_nodes(_state(request))
+    if cluster:
         here, where = (got or []), ("the cluster's nodes" if got is not None
                                     else "the cluster's nodes (none live now)")
     else:
