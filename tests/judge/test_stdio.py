@@ -13,7 +13,14 @@ import pytest
 
 from trialbox.errors import UnknownLanguage, UsageError
 from trialbox.judge.evaluate import reward_of
-from trialbox.judge.stdio import StdioJudgeConfig, compare_output, judge_stdio
+from tests.adversarial.test_d_containment import SELF_INCLUDE
+from trialbox.judge.stdio import (
+    COMPILE_FLOOR_S,
+    StdioJudgeConfig,
+    compare_output,
+    judge_stdio,
+)
+from trialbox.sandbox import languages
 from trialbox.types import Compare, Limits, Outcome, Task, TaskKind, TestCase
 
 FAST = StdioJudgeConfig(limits=Limits(wall_s=2, cpu_s=1, memory_mb=128, disk_mb=16))
@@ -70,6 +77,47 @@ def test_c_program_passes_and_a_compile_error_fails_with_the_compilers_message(r
     assert g.outcome is Outcome.FAILED and "compilation failed" in g.message
     assert "undefined_name" in g.message
     assert len(g.tests) == 3 and not any(t.passed for t in g.tests)
+
+
+CONTEST = StdioJudgeConfig(limits=Limits(wall_s=1, cpu_s=1, memory_mb=256, disk_mb=64))
+"""A contest's per-test limit: 1 s."""
+SUM_SOURCES = {
+    # <bits/stdc++.h> alone is 1-2 s of g++'s CPU: more than a test's 1 s
+    "cpp": "#include <bits/stdc++.h>\nint main(){long a,b;std::cin>>a>>b;"
+           "std::cout<<a+b<<'\\n';}\n",
+    # the file must be Sum.java; the JVM needs its thread floor (run_pids)
+    "java": "import java.util.*;\npublic class Sum { public static void main(String[] a) {"
+            " Scanner s = new Scanner(System.in);"
+            " System.out.println(s.nextLong() + s.nextLong()); } }\n",
+}
+
+
+@pytest.mark.parametrize("language", sorted(SUM_SOURCES))
+def test_compiled_programs_pass_under_a_contests_per_test_limit(runner, language):
+    """The compile has a budget of its own (COMPILE_FLOOR_S), and the program is built
+    and run as `run_code` does it (file and class name, env, the runtime's floors).
+    Before: g++ got the test's 1 s and timed out — a right answer graded `failed` —
+    and a Java program whose public class is not `Main` failed to compile."""
+    if language not in languages.offered():
+        pytest.fail(f"{language} is not installed: run scripts/setup-system.sh")
+    g = judge(runner, SUM, SUM_SOURCES[language], language, CONTEST)
+    assert g.outcome is Outcome.PASSED, g.message
+    spec = languages.language(language)
+    assert CONTEST.compile_limits_of(spec).wall_s == COMPILE_FLOOR_S
+    assert CONTEST.compile_limits_of(spec).memory_mb >= 256
+
+
+def test_a_compile_past_its_own_budget_is_the_candidates_timeout(runner):
+    """An explicit compile budget holds: a self-including file (gcc would work for
+    years) is `compilation failed (timeout`, failed — the candidate's, not excluded."""
+    config = replace(FAST, compile_limits=Limits(wall_s=2, cpu_s=2, memory_mb=256))
+    g = judge(runner, SUM, SELF_INCLUDE, "c", config)
+    assert g.outcome is Outcome.FAILED, g.message
+    assert "compilation failed (timeout" in g.message or (
+        "compilation failed (memory" in g.message), g.message
+    assert g.wall_ms < 8000, g.wall_ms
+    with pytest.raises(UsageError, match="compile_limits"):
+        StdioJudgeConfig(compile_limits=Limits(network=True))
 
 
 def test_wrong_answers_fail_without_leaking_hidden_expectations(runner):

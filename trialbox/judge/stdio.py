@@ -35,7 +35,7 @@ from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_sc
 from trialbox.judge.provider import candidate_limits
 from trialbox.judge.retry import Control, control_of, with_infra_retries
 from trialbox.sandbox import languages
-from trialbox.sandbox.languages import Language, compile_limits_for
+from trialbox.sandbox.languages import Language, compile_limits_for, run_limits_for
 from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.telemetry import traced_grade
 from trialbox.types import (
@@ -58,7 +58,13 @@ class StdioJudgeConfig:
 
     limits: Limits = field(default_factory=lambda: Limits(
         wall_s=10, cpu_s=10, memory_mb=256, disk_mb=32))
-    """The candidate's sandbox; each test's run gets these limits (compilation more)."""
+    """The candidate's sandbox; each test's run gets these limits."""
+    compile_limits: Limits | None = None
+    """The compile's budget, its own (compiled languages). None: `limits` with at least
+    COMPILE_FLOOR_S of wall and CPU time — a per-test limit of 1 s, a contest's, is not
+    a compiler's budget (`#include <bits/stdc++.h>` alone takes 1–2 s of CPU). Either
+    way the language's floors on the compiler's processes and memory apply; a compile
+    that passes this budget is the candidate's (`compilation failed (timeout)`)."""
     checker_limits: Limits = field(default_factory=lambda: Limits(
         wall_s=10, cpu_s=10, memory_mb=256, disk_mb=32))
     """The trusted checker's sandbox (CHECKER tasks); its disk holds input, expected and
@@ -76,8 +82,10 @@ class StdioJudgeConfig:
     """The floor of a scaled per-test limit (scheduling noise must not fail a test)."""
 
     def __post_init__(self) -> None:
-        for name in ("limits", "checker_limits"):
+        for name in ("limits", "checker_limits", "compile_limits"):
             value = getattr(self, name)
+            if name == "compile_limits" and value is None:
+                continue
             if not isinstance(value, Limits):
                 raise UsageError(f"StdioJudgeConfig.{name} must be a trialbox.types.Limits, "
                                  f"got {type(value).__name__}")
@@ -102,6 +110,13 @@ class StdioJudgeConfig:
                              "expected files; raise checker_limits.disk_mb")
 
 
+    def compile_limits_of(self, spec: Language) -> Limits:
+        """The limits `spec`'s compiler runs under (see `compile_limits`)."""
+        base = self.compile_limits or self.limits.with_(
+            wall_s=max(self.limits.wall_s, COMPILE_FLOOR_S),
+            cpu_s=max(self.limits.cpu_s, COMPILE_FLOOR_S))
+        return compile_limits_for(base, spec)
+
     def limits_for(self, reference_ms: float | None) -> Limits | None:
         """The run limits for a test whose reference took `reference_ms` (None: the
         session's own `limits`)."""
@@ -111,6 +126,10 @@ class StdioJudgeConfig:
         return self.limits.with_(wall_s=min(self.limits.wall_s,
                                             max(self.min_time_s, scaled)))
 
+
+COMPILE_FLOOR_S = 10
+"""The least wall and CPU time a stdio judge's compile gets when no `compile_limits` are
+set (SandboxFusion's default `compile_timeout` too)."""
 
 STDIO_CHEAT_DETECTORS: frozenset[str] = frozenset({
     "frame-walk", "gc-introspection", "builtins-patch", "sys-modules-patch", "fs-probe",
@@ -222,12 +241,15 @@ async def _run_tests(task: Task, source: str, spec: Language,
     """Per-test results, and a message when the program never ran (did not compile)."""
     if not tests:
         raise _Excluded(Outcome.ERROR, "the task has no tests")
+    data = source.encode("utf-8", errors="surrogateescape")
+    filename, build, run = spec.commands(data)
+    env = dict(spec.env) or None
     try:
-        await cand.write_file(spec.filename, source.encode("utf-8", errors="surrogateescape"))
+        await cand.write_file(filename, data)
     except UsageError as e:  # the program does not fit the workspace: the candidate's doing
         return _none_ran(tests, f"the program could not be written: {e}")
-    if spec.compile:
-        comp = await cand.exec(list(spec.compile), limits=compile_limits_for(config.limits))
+    if build:
+        comp = await cand.exec(list(build), env=env, limits=config.compile_limits_of(spec))
         if comp.status is ExecStatus.INFRA:
             raise _Excluded(Outcome.INFRA, f"candidate sandbox (compiling): {comp.message}")
         if not comp.ok:
@@ -240,8 +262,10 @@ async def _run_tests(task: Task, source: str, spec: Language,
         if skip:
             results.append(TestResult(test.name, False, f"not run: {skip}", 0.0, hidden))
             continue
-        r = await cand.exec(list(spec.run), stdin=test.stdin,
-                            limits=config.limits_for(reference.get(test.name)))
+        limits = config.limits_for(reference.get(test.name))  # None: the session's
+        if spec.run_pids:  # a runtime's thread pool (JVM, go): its floor on processes
+            limits = run_limits_for(limits or config.limits, spec)
+        r = await cand.exec(list(run), stdin=test.stdin, env=env, limits=limits)
         runs.append(r)
         if r.status is ExecStatus.INFRA:
             raise _Excluded(Outcome.INFRA, f"candidate sandbox: {r.message}")

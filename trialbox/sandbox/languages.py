@@ -65,6 +65,15 @@ class Language:
         cls = m.group(1) if m else self.filename.rsplit(".", 1)[0]
         return f"{cls}.java", cls
 
+    def commands(self, source: bytes) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """Where `source` is written, and the argv that compile it (() when the language
+        has no compile step) and run it — the source's own file and class name filled
+        in (Java). Every caller that runs a source (run_code, the stdio judge) builds
+        its commands here, so none of them can write `Main.java` for `class Sum`."""
+        filename, cls = self.file_for(source)
+        return (filename, tuple(_fill(a, self, filename, cls) for a in self.compile),
+                tuple(_fill(a, self, filename, cls) for a in self.run))
+
 
 _PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:final\s+|abstract\s+)*class\s+([A-Za-z_$][\w$]*)",
                            re.MULTILINE)
@@ -225,7 +234,7 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
     # a session on another machine (a cluster node's) says what that machine runs
     spec = language(lang, getattr(sb, "languages", None))
     source = _source_bytes(code)
-    filename, cls = spec.file_for(source)
+    filename, build, run = spec.commands(source)
     try:
         await sb.write_file(filename, source)
     except (PathObstructed, WorkspaceFull) as e:
@@ -236,13 +245,11 @@ async def run_code(sb: Sandbox, code: str | bytes, lang: str = "python", *,
                           tier=getattr(sb, "tier", ""))
     env = dict(spec.env) or None
     compiled = None
-    if spec.compile:
-        argv = [_fill(a, spec, filename, cls) for a in spec.compile]
-        compiled = await sb.exec(argv, env=env, limits=compile_limits
+    if build:
+        compiled = await sb.exec(list(build), env=env, limits=compile_limits
                                  or compile_limits_for(limits or sb.limits, spec))
         if not compiled.ok:
             return _with_compile(compiled, compiled)
-    run = [_fill(a, spec, filename, cls) for a in spec.run]
     run_limits = run_limits_for(limits or sb.limits, spec) if spec.run_pids else limits
     result = await sb.exec([*run, *args], stdin=stdin, env=env, limits=run_limits)
     return _with_compile(result, compiled) if compiled else result
