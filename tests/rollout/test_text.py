@@ -1,4 +1,4 @@
-"""The agent loop's text functions: code extraction, clipping, the feedback report (which
+"""The agent loop's text functions (code extraction: tests/judge/test_answer.py): clipping, the feedback report (which
 must never carry a hidden test), and the record types' validation."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trialbox.errors import UsageError
-from trialbox.rollout.text import clip, default_prompt, extract_code, feedback_report
+from trialbox.rollout.text import clip, default_prompt, feedback_report
 from trialbox.rollout.policy import Generation, ScriptedPolicy, stop_at
 from trialbox.types import (
     ExecResult,
@@ -27,20 +27,6 @@ TASK = Task("t", TaskKind.FUNCTION, "def f(x):\n", entry_point="f",
             visible_tests=(TestCase("v1", "assert candidate(1) == 2"),
                            TestCase("v2", "assert candidate(2) == 3")),
             hidden_tests=(TestCase("secret_h", "assert candidate(999) == 1000"),))
-
-
-@pytest.mark.parametrize("text,code,source", [
-    ("```python\na = 1\n```", "a = 1\n", "fenced"),
-    ("x\n```py\na = 1\n```\ny\n```python\nb = 2\n```", "b = 2\n", "fenced"),  # the last
-    ("```\na = 1\n```", "a = 1\n", "fenced"),
-    ("```python\na = 1\nb = 2", "a = 1\nb = 2", "fenced"),   # never closed: ran out
-    ("    return x\n```\nchatter", "    return x\n", "raw"),  # the prompt opened it
-    ("    return x + 1", "    return x + 1", "raw"),
-    ("  \n\t", None, ""),
-    ("```python\n\n```", None, ""),
-])
-def test_extract_code(text, code, source):
-    assert extract_code(text) == (code, source)
 
 
 def test_clip_keeps_head_and_tail():

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from trialbox.errors import InfraError, UsageError
+from trialbox.judge.answer import answer_of
 from trialbox.judge.evaluate import reward_of
 from trialbox.judge.function import JudgeConfig, judge_pool_config, open_harness
 from trialbox.judge.grade import grade
 from trialbox.judge.stdio import StdioJudgeConfig
-from trialbox.rollout.text import extract_code
 from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.pool import CellPool
 from trialbox.types import Grade, Outcome, Task, TaskKind
@@ -56,17 +56,6 @@ class GraderConfig:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) \
                 or self.workers < 1:
             raise UsageError(f"GraderConfig.workers must be an int >= 1, got {self.workers!r}")
-
-
-def answer_of(task: Task, text: str) -> str:
-    """What the judge grades from a model's text: the code of its last ```python block,
-    or the whole text when it has none (a completion-style model continuing the prompt).
-    A fenced function task answer is a whole function, appended after the prompt on a
-    new line (it redefines the stub), as the agent loop does."""
-    code, source = extract_code(text)
-    if code is None:
-        return ""
-    return "\n" + code if source == "fenced" and task.kind is TaskKind.FUNCTION else code
 
 
 class Grader:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trialbox.errors import UsageError
+from trialbox.judge.answer import completion_text
 from trialbox.integrations.grader import (
     Grader,
     GraderConfig,
@@ -36,26 +37,6 @@ from trialbox.integrations.grader import (
 from trialbox.types import Grade, Task
 
 __all__ = ["AsyncTrialboxReward", "TrialboxReward", "completion_text"]
-
-
-def completion_text(completion: Any) -> str:
-    """A completion as text: a string as is; a chat completion (a list of messages, or
-    one message dict) as the content of its last assistant message."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    if isinstance(completion, list):
-        said = [m for m in completion if isinstance(m, dict) and m.get("role", "assistant")
-                == "assistant"]
-        if said:
-            content = said[-1].get("content")
-            if isinstance(content, list):  # multimodal parts: keep the text ones
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return content if isinstance(content, str) else ""
-        return ""
-    raise UsageError(f"a completion must be a str or a list of chat messages, got "
-                     f"{type(completion).__name__}")
 
 
 class _Base:

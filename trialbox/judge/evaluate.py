@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox.errors import UnknownLanguage, UsageError
+from trialbox.judge.answer import answer_of
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade
 from trialbox.judge.repo import RepoJudgeConfig
@@ -102,6 +103,16 @@ def as_sample(x: Sample | dict[str, Any] | str) -> Sample:
     return EvalSample(x["task_id"], completion if isinstance(completion, str) else None,
                       files if isinstance(files, dict) and "completion" not in x else None,
                       x.get("language", "python"))
+
+
+def answer(task: Task, sample: EvalSample) -> str | dict[str, str | None]:
+    """What is graded of `sample`: a function or stdio completion read as every caller
+    reads a model's text (`judge.answer.answer_of`: the code of a fenced block, else the
+    whole text), a repository answer as given."""
+    if sample.completion is not None and task.kind in (TaskKind.FUNCTION, TaskKind.STDIO):
+        lang = sample.language if isinstance(sample.language, str) else None
+        return answer_of(task, sample.completion, language=lang)
+    return sample.answer
 
 
 def _row(sample: EvalSample, grades: list[Grade],
@@ -266,7 +277,7 @@ class Evaluator:
         measurements the grade was made against (the row's efficiency and memory scores
         need them again)."""
         task = self.tasks[sample.task_id]
-        judge = functools.partial(grade, task, sample.answer, self.pool, config=self.config,
+        judge = functools.partial(grade, task, answer(task, sample), self.pool, config=self.config,
                                   stdio_config=self.stdio_config,
                                   repo_config=self.repo_config,
                                   language=sample.language)
@@ -294,7 +305,8 @@ class Evaluator:
                           reference: Reference) -> GradedRow:
         task = self.tasks[sample.task_id]
         spec = self.reward_spec
-        completion = sample.completion or ""
+        completion = answer(task, sample) if sample.completion is not None else ""
+        assert isinstance(completion, str)  # function and stdio samples: checked
         if task.kind is TaskKind.FUNCTION:
             return _row(sample, grades, spec,
                         await self._style_of(completion, task.prompt), reference)

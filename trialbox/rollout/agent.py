@@ -37,6 +37,7 @@ from typing import Any
 from trialbox import telemetry
 from trialbox.cluster.placement import NodeLost
 from trialbox.errors import InfraError, SandboxUnavailable, UsageError
+from trialbox.judge.answer import read_code
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade
 from trialbox.judge.reward import RewardSpec, reward
@@ -46,7 +47,6 @@ from trialbox.rollout.prepare import GroupLeaser, Prepare, prepare_groups
 from trialbox.rollout.text import (
     default_prompt,
     exec_summary,
-    extract_code,
     feedback_report,
     wrap_feedback,
 )
@@ -489,7 +489,7 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
             gen, gen_s = await env.batcher.generate(context, order)
             gen = _fit(gen, room, tok.decode)
             context += gen.token_ids
-            code, code_from = extract_code(gen.text)
+            code, code_from = read_code(task, gen.text, language=env.cfg.language)
             t0 = time.monotonic()
             run, g = await _environment(env, episode_id, task, code, code_from,
                                         last=k == cfg.max_turns - 1)

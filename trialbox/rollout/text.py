@@ -1,5 +1,7 @@
 """What the model reads and writes, as text: the first prompt, the code in its output,
-the feedback after a turn. Pure functions, used by the agent loop (agent.py).
+the feedback after a turn. Pure functions, used by the agent loop (agent.py). The code in
+a model's text is read by `trialbox.judge.answer.extract_code`, the one reader every
+caller shares (re-exported here).
 
 The one rule here: hidden tests never reach the model. `default_prompt` shows the
 VISIBLE tests only; `feedback_report` is built from the model's own run, the visible
@@ -8,44 +10,10 @@ tests' results and the outcome — a hidden test is never named, quoted or count
 
 from __future__ import annotations
 
-import re
-
+from trialbox.judge.answer import extract_code
 from trialbox.types import ExecResult, ExecStatus, Grade, Outcome, Task, TaskKind
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
-_OPEN_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n")
-
-
-def extract_code(text: str) -> tuple[str | None, str]:
-    """The code in a model's output, and where it came from.
-
-    * "fenced": the last complete ```python (or ```py, or bare ```) block; or, when a
-      block was opened but never closed (the model ran out of tokens), what follows
-      the opening fence (```python anywhere, or a bare ``` with nothing before it);
-    * "raw": no fence at all — the whole output is taken as code (a completion-style
-      model continuing the prompt); a lone bare fence after some code ends the raw
-      code (it closes a block the prompt itself opened);
-    * (None, ""): nothing but whitespace.
-
-    >>> extract_code("Here:\\n```python\\ndef f():\\n    return 1\\n```\\nDone.")
-    ('def f():\\n    return 1\\n', 'fenced')
-    >>> extract_code("    return x + 1\\n")
-    ('    return x + 1\\n', 'raw')
-    """
-    blocks = _FENCE.findall(text)
-    m = _OPEN_FENCE.search(text)
-    if blocks:
-        code, source = blocks[-1], "fenced"
-    elif m is not None and (m.group(1) or not text[:m.start()].strip()):
-        # ```python opens a block; so does a bare ``` with nothing before it.
-        code, source = text[m.end():], "fenced"
-    elif "```" in text:  # a bare fence after code closes a block the prompt opened
-        code, source = text[:text.index("```")], "raw"
-    else:
-        code, source = text, "raw"
-    if not code.strip():
-        return None, ""
-    return code, source
+__all__ = ["clip", "default_prompt", "extract_code", "feedback_report"]
 
 
 def clip(text: str, limit: int) -> str:

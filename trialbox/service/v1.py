@@ -37,6 +37,7 @@ from fastapi import APIRouter, Request
 
 from trialbox.cluster.placement import NodeLost
 from trialbox.errors import InfraError, UsageError
+from trialbox.judge.answer import answer_of
 from trialbox.judge.evaluate import reward_of
 from trialbox.judge.grade import grade as judge
 from trialbox.sandbox.base import Sandbox
@@ -382,6 +383,7 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
                          "by the service; use function or stdio tasks")
     provider = state.require_provider()
     sid = state.submissions.new_id()
+    code = answer_of(task, sub.completion, language=sub.language)  # as eval reads it
 
     async def work(ticket: Ticket) -> dict[str, Any]:
         await ticket.ctx.grading()
@@ -390,9 +392,9 @@ async def _grade(state: ServiceState, request: Request, sub: SubmissionIn,
             if why:  # the placer would wait for a node until the deadline: say it now
                 raise InfraError(why)
             grade = await placed_twice(state, "the grading", lambda: state.grader.grade(
-                task, sub.completion, sub.language))
+                task, code, sub.language))
         else:
-            grade = await judge(task, sub.completion, provider, language=sub.language)
+            grade = await judge(task, code, provider, language=sub.language)
         row = grade_row(sid, task, grade, sub.language)
         await ticket.ctx.record_grade(row)
         ticket.reward = row["reward"]  # None (excluded): the task ends FAILED
