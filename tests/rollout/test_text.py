@@ -1,5 +1,6 @@
-"""The agent loop's text functions (code extraction: tests/judge/test_answer.py): clipping, the feedback report (which
-must never carry a hidden test), and the record types' validation."""
+"""The agent loop's text functions (code extraction: tests/judge/test_answer.py):
+clipping, the feedback report (which must never carry a hidden test), and the record
+types' validation."""
 
 from __future__ import annotations
 
