@@ -150,6 +150,20 @@ def test_grade_refuses_an_answer_of_the_wrong_shape():
         asyncio.run(grade("T/0", "x", FakeProvider()))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("task,answer", [
+    (TASK, "    return x  # \ud800\n"),
+    (Task("S/0", TaskKind.STDIO, "echo"), "print(input())  # \udfff"),
+    (Task("R/0", TaskKind.REPO, prompt="fix it", files=(("m.py", b"x = 1\n"),)),
+     {"m.py": "x = '\ud800'\n"}),
+])
+def test_an_answer_that_is_not_text_fails_as_its_own_answer(task, answer):
+    """A lone surrogate cannot be written as UTF-8: the answer fails, graded with the
+    reason — never an exception (it lost a whole eval before) and never an exclusion."""
+    g = asyncio.run(grade(task, answer, FakeProvider()))
+    assert g.outcome is Outcome.FAILED and "lone surrogate" in g.message, g
+    assert reward(g, RewardSpec()) == 0.0
+
+
 class _Refusing(FakeProvider):
     def __init__(self, error: Exception):
         super().__init__(FakeJudge())

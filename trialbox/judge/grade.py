@@ -14,6 +14,11 @@ A sandbox that cannot be had (the provider raised an `InfraError` on `open`) is 
 INFRA grade — excluded, reward None, never 0.0 — except `SandboxUnavailable`: a tier
 this node does not offer is the configuration's problem and is raised, so a run fails
 at once instead of excluding every attempt. Caller mistakes raise `UsageError`.
+
+An answer that is not text (a lone surrogate such as "\\ud800" cannot be written as
+UTF-8, so no interpreter or compiler can read it) is that answer's failure: FAILED,
+with the position in the message — never an exception that loses the other samples of
+a batch, and never an exclusion.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ async def grade(task: Task, answer: Answer,
     if not isinstance(task, Task):
         raise UsageError(f"grade needs a trialbox.types.Task, got {type(task).__name__}")
     times = dict(reference) if reference else None
+    if (why := _not_text(answer)) is not None:  # the sample's own failure, graded
+        return Grade(task.task_id, Outcome.FAILED, message=why)
     try:
         if task.kind is TaskKind.FUNCTION:
             if not isinstance(answer, str):
@@ -70,3 +77,19 @@ async def grade(task: Task, answer: Answer,
     except InfraError as e:
         return Grade(task.task_id, Outcome.INFRA, message=f"the judge's sandbox: {e}")
     raise UsageError(f"{task.task_id}: no grader for task kind {task.kind.value!r}")
+
+
+def _not_text(answer: object) -> str | None:
+    """Why `answer` (a str, or a repository overlay's paths and texts) cannot be written
+    as UTF-8, or None."""
+    texts = [answer] if isinstance(answer, str) else [
+        x for kv in answer.items() for x in kv if isinstance(x, str)] \
+        if isinstance(answer, dict) else []
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return (f"the answer is not valid text: {text[e.start]!r} at character "
+                    f"{e.start} is a lone surrogate, which UTF-8 cannot encode (no "
+                    "interpreter or compiler can read it; the answer fails)")
+    return None
