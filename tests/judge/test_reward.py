@@ -38,38 +38,66 @@ def test_binary_default():
 
 
 def test_weighted_all_components():
-    # (2*0.75 + 1*0 + 0.5*0.8 + 0.5*0.2) / 4 = 2.0 / 4
+    # FLOOR = (2 + 1) / 4 = 0.75; not a pass: 0.75 * (2*0.75 + 1*0 + 0.5*0.8) / 3.5
     assert reward(grade(Outcome.FAILED, 3, 4), WEIGHTED, style=0.8,
-                  efficiency=0.2) == pytest.approx(0.5)
-    # (2*1 + 1*1 + 0.5*1 + 0.5*1) / 4
+                  efficiency=0.2) == pytest.approx(0.75 * 1.9 / 3.5)
+    # a pass: (2*1 + 1*1 + 0.5*0.8 + 0.5*0.2) / 4
+    assert reward(grade(Outcome.PASSED, 4, 4), WEIGHTED, style=0.8,
+                  efficiency=0.2) == pytest.approx(3.5 / 4)
     assert reward(grade(Outcome.PASSED, 4, 4), WEIGHTED, style=1.0,
                   efficiency=1.0) == pytest.approx(1.0)
-    # (2*0 + 1*0 + 0.5*0 + 0.5*0) / 4
+    # the least a pass scores is FLOOR; the most a failure scores is below it
+    assert reward(grade(Outcome.PASSED, 4, 4), WEIGHTED, style=0.0,
+                  efficiency=0.0) == pytest.approx(0.75)
     assert reward(grade(Outcome.FAILED, 0, 4), WEIGHTED, style=0.0,
                   efficiency=0.0) == 0.0
-    # no tests at all: pass rate 0; no efficiency given: (2*0 + 1*0 + 0.5*1) / 3.5
+    # no tests at all: pass rate 0; no efficiency given: 0.75 * (2*0 + 1*0 + 0.5*1) / 3.5
     assert reward(Grade("T/0", Outcome.FAILED), WEIGHTED,
-                  style=1.0) == pytest.approx(0.5 / 3.5)
+                  style=1.0) == pytest.approx(0.75 * 0.5 / 3.5)
 
 
 def test_weighted_missing_components_are_dropped_not_zeroed():
-    g = grade(Outcome.FAILED, 3, 4)
-    # efficiency None: (1.5 + 0 + 0.4) / 3.5
-    assert reward(g, WEIGHTED, style=0.8) == pytest.approx(1.9 / 3.5)
-    # both None: (1.5 + 0) / 3
-    assert reward(g, WEIGHTED) == pytest.approx(0.5)
+    g = grade(Outcome.PASSED, 4, 4)
+    # efficiency None: (2 + 1 + 0.4) / 3.5
+    assert reward(g, WEIGHTED, style=0.8) == pytest.approx(3.4 / 3.5)
+    # both None: (2 + 1) / 3
+    assert reward(g, WEIGHTED) == pytest.approx(1.0)
     # a zero weight ignores a given value
     spec = RewardSpec(pass_rate=1, efficiency=1, binary=False)
-    assert reward(g, spec, style=0.0, efficiency=0.5) == pytest.approx((0.75 + 0.5) / 2)
-    # pass rate alone, weighted: the fraction of tests
-    assert reward(g, RewardSpec(binary=False)) == pytest.approx(0.75)
+    assert reward(g, spec, style=0.0, efficiency=0.5) == pytest.approx((1 + 0.5) / 2)
+    # pass rate alone, weighted: the fraction of tests (FLOOR is 1)
+    assert reward(grade(Outcome.FAILED, 3, 4), RewardSpec(binary=False)) == \
+        pytest.approx(0.75)
 
 
-def test_weighted_with_nothing_to_weigh_is_a_usage_error():
-    spec = RewardSpec(pass_rate=0, style=1, binary=False)
-    assert reward(grade(Outcome.FAILED, 1, 2), spec, style=0.25) == 0.25
-    with pytest.raises(UsageError, match="style"):
-        reward(grade(Outcome.FAILED, 1, 2), spec)
+def test_a_weighted_spec_must_weigh_the_tests():
+    for only in ({"style": 1}, {"memory": 1}, {"efficiency": 1}):
+        with pytest.raises(UsageError, match="must weigh the tests"):
+            RewardSpec(pass_rate=0, binary=False, **only)
+
+
+@pytest.mark.parametrize("spec", [
+    WEIGHTED,
+    RewardSpec(binary=False),
+    RewardSpec(pass_rate=1, efficiency=9, memory=9, style=9, binary=False),
+    RewardSpec(pass_rate=0, all_passed=1, style=5, binary=False),
+    RewardSpec(pass_rate=0.7, style=0.1, efficiency=0.1, memory=0.1, binary=False),
+])
+def test_every_pass_scores_above_every_answer_that_does_not_pass(spec):
+    """The reward orders correctness first: the worst pass (slow, heavy, ugly) beats the
+    best non-pass (12 of 13 tests, perfect style; or every test passed but the run did
+    not end cleanly) — before, a failure was exempt from efficiency and memory and a
+    12-of-13 wrong answer outranked a slower correct one."""
+    comps = [None, 0.0, 0.3, 1.0]
+    passes = [reward(grade(Outcome.PASSED, 13, 13), spec, style=s, efficiency=e, memory=m)
+              for s in comps for e in comps for m in comps]
+    fails = [reward(grade(o, p, 13), spec, style=s, efficiency=e, memory=m)
+             for o in (Outcome.FAILED, Outcome.TIMEOUT, Outcome.MEMORY)
+             for p in (0, 6, 12, 13) for s in comps for e in comps for m in comps]
+    assert min(passes) > max(fails), (min(passes), max(fails))  # type: ignore[operator]
+    # and partial credit (weighted pass_rate) still ranks failures among themselves
+    assert spec.pass_rate == 0 or reward(grade(Outcome.FAILED, 12, 13), spec) > \
+        reward(grade(Outcome.FAILED, 1, 13), spec)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("bad", [{"style": 1.5}, {"efficiency": -0.1},
@@ -241,4 +269,3 @@ def test_weighted_reward_with_memory():
         reward(g, spec, memory=1.5)
     with pytest.raises(UsageError, match="memory"):
         RewardSpec(memory=-1, binary=False)
-    assert reward(g, RewardSpec(pass_rate=0, memory=1, binary=False), memory=0.25) == 0.25

@@ -65,6 +65,11 @@ class RewardSpec:
         if not any(w > 0 for _, w in weights):
             raise UsageError("RewardSpec: every weight is 0; give at least one of "
                              "pass_rate, all_passed, style, efficiency, memory a weight > 0")
+        if not self.binary and self.pass_rate + self.all_passed == 0:
+            raise UsageError("RewardSpec: a weighted spec must weigh the tests: give "
+                             "pass_rate or all_passed a weight > 0 (a reward that weighs "
+                             "only style, efficiency or memory ranks wrong answers above "
+                             "right ones)")
         if self.binary:
             extra = [f"{name}={w!r}" for name, w in weights if name != "pass_rate" and w != 0]
             if extra:
@@ -198,18 +203,24 @@ def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
     * INFRA or ERROR (the machinery, or the task's own tests, failed): None, never 0.0.
     * CHEAT: 0.0, whatever the tests, the style or the efficiency said.
     * binary spec: 1.0 if the grade passed, else 0.0.
-    * weighted spec: the weighted mean of the components present — pass rate, all passed
-      (1.0 / 0.0), `style`, `efficiency`, `memory`. A component whose weight is > 0 but whose value
-      is None (not measured, or no reference runtime) is dropped from the mean, weight
-      and all, so a missing score neither helps nor hurts.
+    * weighted spec, a pass: the weighted mean of the components present — pass rate
+      (1.0), all passed (1.0), `style`, `efficiency`, `memory`. A component whose weight
+      is > 0 but whose value is None (not measured, or no reference runtime) is dropped
+      from the mean, weight and all, so a missing score neither helps nor hurts. The
+      least a pass can score is therefore FLOOR = (pass_rate + all_passed weights) /
+      (all the weights): every other component at 0.
+    * weighted spec, not a pass: partial credit strictly below FLOOR — FLOOR times the
+      weighted mean of its pass rate, all passed (0.0) and `style`, where a pass rate
+      of 1.0 without a pass (every test passed but the run did not end cleanly) counts
+      as (n-1)/n. Efficiency and memory are a pass's alone. So **every answer that
+      passes scores above every answer that does not**: a 12-of-13 wrong answer never
+      outranks a slow correct one (before, failing exempted an answer from the
+      efficiency and memory terms, and it did).
 
     Worked example: spec = RewardSpec(pass_rate=2, all_passed=1, style=0.5,
-    efficiency=0.5, binary=False), a FAILED grade with 3 of 4 tests passed, style=0.8,
-    efficiency=0.2:
-
-        (2 * 0.75 + 1 * 0.0 + 0.5 * 0.8 + 0.5 * 0.2) / (2 + 1 + 0.5 + 0.5) = 2.0 / 4 = 0.5
-
-    and with efficiency=None: (1.5 + 0.0 + 0.4) / 3.5 = 0.542857...
+    efficiency=0.5, binary=False), so FLOOR = (2 + 1) / 4 = 0.75. A PASSED grade with
+    style=0.8, efficiency=0.2: (2 + 1 + 0.4 + 0.1) / 4 = 0.875. A FAILED grade with 3
+    of 4 tests passed and style=0.8: 0.75 * (2 * 0.75 + 0 + 0.5 * 0.8) / 3.5 = 0.4071...
     """
     if grade.outcome in (Outcome.INFRA, Outcome.ERROR):
         return None
@@ -220,16 +231,23 @@ def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
     for name, v in (("style", style), ("efficiency", efficiency), ("memory", memory)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise UsageError(f"reward: {name}={v!r} must be in [0, 1] (or None)")
-    pass_rate = grade.pass_rate
-    parts = [(spec.pass_rate, pass_rate), (spec.all_passed, 1.0 if grade.passed else 0.0),
-             (spec.style, style), (spec.efficiency, efficiency), (spec.memory, memory)]
+    total = sum(getattr(spec, f) for f in _WEIGHTS)
+    floor = (spec.pass_rate + spec.all_passed) / total  # > 0: __post_init__
+    if grade.passed:
+        parts = [(spec.pass_rate, 1.0), (spec.all_passed, 1.0), (spec.style, style),
+                 (spec.efficiency, efficiency), (spec.memory, memory)]
+        present = [(w, v) for w, v in parts if w > 0 and v is not None]
+        return min(1.0, sum(w * v for w, v in present) / sum(w for w, _ in present))
+    n = len(grade.tests)
+    rate = min(grade.pass_rate or 0.0, (n - 1) / n if n else 0.0)
+    parts = [(spec.pass_rate, rate), (spec.all_passed, 0.0), (spec.style, style)]
     present = [(w, v) for w, v in parts if w > 0 and v is not None]
-    total = sum(w for w, _ in present)
-    if total == 0:
-        raise UsageError("reward: the spec weighs only style/efficiency/memory and none "
-                         "was given; pass style=/efficiency=/memory=, or give pass_rate a "
-                         "weight")
-    return min(1.0, sum(w * v for w, v in present) / total)
+    mean = sum(w * v for w, v in present) / sum(w for w, _ in present)
+    return floor * mean
+
+
+_WEIGHTS = ("pass_rate", "all_passed", "style", "efficiency", "memory")
+"""RewardSpec's weight fields."""
 
 
 @dataclass(frozen=True)
