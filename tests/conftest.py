@@ -1,5 +1,6 @@
 """Shared fixtures. One event loop and one real sandbox pool serve the whole session
-(a pool is bound to the loop it started on); `runner.run(coro)` drives a coroutine."""
+(a pool is bound to the loop it started on); `runner.run(coro)` drives a coroutine.
+`load_scaled` is the one home of the suite's wall-time allowances."""
 
 from __future__ import annotations
 
@@ -14,6 +15,27 @@ import pytest
 from trialbox.sandbox import CellPool, PoolConfig
 
 T = TypeVar("T")
+
+TIME_SCALE = float(os.environ.get("TRIALBOX_TEST_TIME_SCALE", "1"))
+"""How many times slower than a normal host this kernel runs programs: 10 in the UML
+guest of test_cgroup_v2.py (its syscalls cost ~70x), 1 elsewhere. Scales the time limits
+the suites set and the CPU-time bounds they assert."""
+
+
+def load_scaled(seconds: float) -> float:
+    """`seconds` stretched by how slow this machine is now: x TIME_SCALE, and x the run
+    queue per core (1-minute load average / cores) when that is above 1.
+
+    For the few wall-time bounds a test must keep (that something ends at all, or ends
+    at its limit and not later), which no status or CPU time can show. Everything else
+    is asserted from what load cannot change: statuses and their messages, CPU time
+    from the cgroup, ordering, bytes. A loaded machine gives a program about
+    cores/load of a core, so its wall time grows by load/cores: in CI, at load 8 on 2
+    cores, a program needed 4.4 s of wall time to use 1 s of CPU. E.g. `load_scaled(2)`
+    is 2.0 on an idle host, 8.0 at load 8 on 2 cores, 20.0 in the idle UML guest.
+    """
+    per_core = os.getloadavg()[0] / len(os.sched_getaffinity(0))
+    return seconds * TIME_SCALE * max(1.0, per_core)
 
 
 class Runner:

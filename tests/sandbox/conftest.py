@@ -15,12 +15,9 @@ import pytest
 
 from trialbox.sandbox import NamespaceSandbox, PoolConfig, run_code
 from trialbox.types import ExecResult, ExecStatus, Limits
-from tests.conftest import Runner
+from tests.conftest import TIME_SCALE, Runner
 
 KiB = 1024
-TIME_SCALE = float(os.environ.get("TRIALBOX_TEST_TIME_SCALE", "1"))
-"""Scales the default time limits on a slow kernel (the UML guest of test_cgroup_v2.py);
-limits a test sets itself are left as they are."""
 FAST = Limits(wall_s=3 * TIME_SCALE, cpu_s=3 * TIME_SCALE, memory_mb=128, disk_mb=32,
               output_bytes=64 * KiB)
 """Default limits for these suites: enough for an interpreter, small enough to hit."""

@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
+from tests.conftest import load_scaled
 from tests.sandbox.conftest import (
     CANDIDATE_STATUSES,
     FAST,
@@ -24,7 +26,7 @@ from tests.sandbox.conftest import (
     no_leaks,
 )
 from trialbox.sandbox import NamespaceSandbox
-from trialbox.types import ExecStatus
+from trialbox.types import ExecResult, ExecStatus
 
 MiB = 1024 * KiB
 
@@ -124,43 +126,48 @@ def test_own_limit_signal_is_signal(run_one: RunOne, code, sig):
 
 
 def test_wall_timeout(run_one: RunOne):
-    t = time.monotonic()
     r = run_one("import time\nprint('start', flush=True)\ntime.sleep(3600)", wall_s=1)
-    elapsed = time.monotonic() - t
     assert r.status is ExecStatus.TIMEOUT, describe(r)
-    assert "wall" in r.message and "wall_s=1" in r.message
+    assert r.message == "wall time passed Limits.wall_s=1", describe(r)
     assert r.signal == signal.SIGKILL and r.exit_code is None
     assert r.stdout == b"start\n"  # output before the kill is kept
-    assert 950 <= r.wall_ms < 1500, r.wall_ms
-    # the session's set-up and the interpreter's start scale with a slow kernel (UML:
-    # 2.65 s seen end to end, ~0.5 s of CPU to start python3)
-    assert r.cpu_ms < 300 * TIME_SCALE
-    assert elapsed < 1 + 1.5 * TIME_SCALE, elapsed
+    # Not before its limit; and at it, not later: only a wall bound shows that, and the
+    # supervisor's timer and kill run late on a loaded machine, so the slack is scaled.
+    assert 950 <= r.wall_ms < 1000 + 1000 * load_scaled(0.5), r.wall_ms
+    # it slept: the interpreter's start is all its CPU (~0.5 s of it in the UML guest)
+    assert r.cpu_ms < 300 * TIME_SCALE, r.cpu_ms
+
+
+# A wall limit far out of reach: the CPU limit alone can end these runs, however loaded
+# the machine (at load 8 on 2 cores, 1 s of CPU took 4.4 s of wall time).
+FAR_WALL_S = 60
 
 
 def test_cpu_timeout(run_one: RunOne):
-    """A busy loop under a generous wall clock is stopped by its CPU limit."""
-    r = run_one("while True: pass", cpu_s=1, wall_s=6)
+    """A busy loop is stopped by its CPU limit, at that limit by the cgroup's count."""
+    r = run_one("while True: pass", cpu_s=1, wall_s=FAR_WALL_S)
     assert r.status is ExecStatus.TIMEOUT, describe(r)
-    assert "CPU" in r.message and "cpu_s=1" in r.message
-    assert r.cpu_ms >= 900
-    assert r.wall_ms < 3000, "the CPU limit, not the wall clock, must end it"
+    assert r.message == "CPU time passed Limits.cpu_s=1", describe(r)
+    # At its limit, by the cgroup's count: the supervisor polls it every 50 ms of wall
+    # time, and a poll late on a loaded machine finds little more CPU used, since the
+    # spin gets little CPU then too. (The per-process RLIMIT_CPU backstop is at 7 s.)
+    assert 950 <= r.cpu_ms < 2000, r.cpu_ms
 
 
 def test_cpu_timeout_split_over_processes(run_one: RunOne):
-    """Four burners each under RLIMIT_CPU's per-process second: only the cgroup's total
-    can catch them within about a second (one core's bandwidth shared by four)."""
+    """Four burners, each under its own RLIMIT_CPU: only the cgroup's total can stop
+    them at the run's 1 s of CPU (the per-process limits, set above cpu_s as a backstop,
+    would let the four use 4 x 7 s first)."""
     code = ("import os\n"
             "for _ in range(3):\n"
             "    if os.fork() == 0:\n"
             "        break\n"
             "while True:\n"
             "    pass\n")
-    r = run_one(code, cpu_s=1, wall_s=6, cpus=1)
+    r = run_one(code, cpu_s=1, wall_s=FAR_WALL_S, cpus=1)
     assert r.status is ExecStatus.TIMEOUT, describe(r)
-    assert "CPU" in r.message
-    assert r.cpu_ms >= 900
-    assert r.wall_ms < 3000, f"took {r.wall_ms} ms: the cgroup total did not catch it"
+    assert r.message == "CPU time passed Limits.cpu_s=1", describe(r)
+    assert 950 <= r.cpu_ms < 2000, f"{r.cpu_ms} ms of CPU: the cgroup total did not stop it"
 
 
 # ------------------------------------------------------------------ memory
@@ -192,17 +199,16 @@ def test_memory(run_one: RunOne, lang, code):
 ], ids=["yes", "head-4G", "python-loop", "c-8G"])
 def test_output_flood(run_one: RunOne, lang, code):
     """Gigabytes of stdout end at once: status output, the first 64 KiB kept."""
-    t = time.monotonic()
-    r = run_one(code, lang, output_bytes=64 * KiB, wall_s=10)
-    elapsed = time.monotonic() - t
+    r = run_one(code, lang, output_bytes=64 * KiB, wall_s=FAR_WALL_S)
     assert r.status is ExecStatus.OUTPUT, describe(r)
     assert r.truncated
     assert len(r.stdout) == 64 * KiB
     assert r.signal == signal.SIGKILL
     assert "output_bytes=65536" in r.message
-    # bounds x TIME_SCALE on a slow kernel (UML guest: a Python flood ends in ~1.8 s)
-    assert r.wall_ms < 1500 * TIME_SCALE
-    assert elapsed < (2.5 + (0.5 if lang == "c" else 0)) * TIME_SCALE  # c: includes gcc
+    # Killed at the cap, not after the flood: writing gigabytes into a pipe costs
+    # seconds of CPU, and a writer left to wait on a full pipe would end by the wall
+    # limit, with status timeout. (Here it is ~10 ms of CPU, x10 and more in UML.)
+    assert r.cpu_ms < 200 * TIME_SCALE, r.cpu_ms
 
 
 def test_output_flood_on_stderr(run_one: RunOne):
@@ -278,19 +284,27 @@ def test_empty_stdin_is_eof(run_one: RunOne):
 # ------------------------------------------------------------------ measurements
 
 
+def timed(run: Callable[[], ExecResult]) -> tuple[ExecResult, float]:
+    """A run's result and the milliseconds the whole call took, as the caller saw them."""
+    t = time.monotonic()
+    r = run()
+    return r, (time.monotonic() - t) * 1e3
+
+
 def test_cpu_and_wall_measured(run_one: RunOne):
-    r = run_one("import time\nt = time.process_time()\n"
-                "while time.process_time() - t < 0.5:\n    pass")
+    r, call_ms = timed(lambda: run_one("import time\nt = time.process_time()\n"
+                                       "while time.process_time() - t < 0.5:\n    pass"))
     assert r.status is ExecStatus.OK, describe(r)
     assert 400 <= r.cpu_ms <= 1500, r.cpu_ms
-    assert r.wall_ms >= 0.9 * r.cpu_ms, (r.wall_ms, r.cpu_ms)  # one core's bandwidth
-    assert r.wall_ms < 2000 * TIME_SCALE  # x10 in the UML guest (~2.05 s seen there)
+    # The wall time lies between the CPU used (one core's bandwidth) and the whole
+    # call around the run: ordering, which holds under any load.
+    assert 0.9 * r.cpu_ms <= r.wall_ms <= call_ms, (r.cpu_ms, r.wall_ms, call_ms)
 
 
 def test_sleep_is_wall_not_cpu(run_one: RunOne):
-    r = run_one("import time; time.sleep(0.3)")
+    r, call_ms = timed(lambda: run_one("import time; time.sleep(0.3)"))
     assert r.status is ExecStatus.OK, describe(r)
-    assert 290 <= r.wall_ms < 1500 * TIME_SCALE, r.wall_ms
+    assert 290 <= r.wall_ms <= call_ms, (r.wall_ms, call_ms)
     assert r.cpu_ms < 200 * TIME_SCALE, r.cpu_ms  # the interpreter's start: ~0.5 s in UML
 
 
