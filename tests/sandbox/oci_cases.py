@@ -30,8 +30,9 @@ from trialbox.types import ExecResult, ExecStatus, Limits
 
 T = TypeVar("T")
 
-STATUS_OVERRIDES = {("gvisor", "fork-bomb-python"): ExecStatus.MEMORY}
-"""Where a tier's true outcome differs from the namespace tier's. Under gVisor (ptrace)
+STATUS_OVERRIDES = {("gvisor", "fork-bomb-python"): (ExecStatus.MEMORY, "memory_mb")}
+"""Where a tier's true outcome (status, the limit that ends the run) differs from the
+namespace tier's (test_hostile.RESOURCE_ATTACKS). Under gVisor (ptrace)
 each sandboxed process costs the host real memory beyond its own pages (a stub process,
 its page tables, the Sentry's task state: ~6-8 MiB here), all charged to the session's
 cgroup; 31 forked interpreters pass 128 MiB before the run's wall time ends. The process
@@ -143,19 +144,18 @@ def test_session_files_persist_across_runs(oci: OciHarness) -> None:
 
 # ------------------------------------------------------------------ limits
 
-@pytest.mark.parametrize("lang, code, changes, want, max_s",
+@pytest.mark.parametrize("lang, code, changes, want, limit",
                          [a[1:] for a in RESOURCE_ATTACKS], ids=[a[0] for a in RESOURCE_ATTACKS])
 def test_resource_attack_contained(oci: OciHarness, lang: str, code: str,
                                    changes: dict[str, Any], want: ExecStatus,
-                                   max_s: float, request: pytest.FixtureRequest) -> None:
-    want = STATUS_OVERRIDES.get((oci.provider.tier, request.node.callspec.id), want)
-    t = time.monotonic()
+                                   limit: str, request: pytest.FixtureRequest) -> None:
+    """Ended by the limit meant to contain it: its status, a message naming that limit."""
+    want, limit = STATUS_OVERRIDES.get((oci.provider.tier, request.node.callspec.id),
+                                       (want, limit))
     r = oci.one(code, lang, **changes)
-    elapsed = time.monotonic() - t
     assert r.status in CANDIDATE_STATUSES, describe(r)
     assert r.status is want, describe(r)
-    assert r.wall_ms < max_s * 1000, f"{r.wall_ms} ms; {describe(r)}"  # the run itself
-    assert elapsed < max_s + 10, f"took {elapsed:.2f}s"  # + maybe a cold start (loaded host)
+    assert f"Limits.{limit}" in r.message, describe(r)
     if want is ExecStatus.OUTPUT:
         assert r.truncated and len(r.stdout) == FAST.output_bytes
     assert oci.one("print(sum(range(10)))").stdout == b"45\n"
@@ -489,20 +489,25 @@ def test_bad_input(oci: OciHarness) -> None:
 
 
 def test_warm_session_is_fast(oci: OciHarness) -> None:
-    """A warm session's Python run does not start an interpreter or a container."""
-    async def body() -> list[float]:
+    """A warm session's Python run does not start an interpreter or a container: by the
+    cgroup's count it costs a fraction of the CPU of a real start of the interpreter
+    (here ~4 ms against ~24 ms under runc, ~21 ms against ~128 ms under gVisor), which
+    the host's load does not change. How fast it is in wall time: `make bench`."""
+    async def body() -> tuple[list[float], float]:
         await oci.provider.settle()
         async with await oci.provider.open(Limits(wall_s=5)) as sb:
-            walls = []
+            warm = []
             for _ in range(5):
                 await asyncio.sleep(0.06)  # the next run's child is forked meanwhile
-                t = time.monotonic()
                 r = await sb.exec(["python3", "-c", "print(1)"])
-                walls.append(time.monotonic() - t)
                 assert r.ok, describe(r)
-            return sorted(walls)
-    walls = oci.run(body())
-    assert walls[2] < 0.1, walls  # a cold container start is >= 0.3 s here
+                warm.append(r.cpu_ms)
+            # through a shell: the interpreter is exec'd and starts for real
+            r = await sb.exec(["/bin/sh", "-c", "python3 -c 'print(1)'"])
+            assert r.ok, describe(r)
+            return sorted(warm), r.cpu_ms
+    warm, cold = oci.run(body())
+    assert warm[2] < cold / 2, (warm, cold)
 
 
 def test_pass_fds_reach_the_program(oci: OciHarness) -> None:

@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 
 import pytest
 
@@ -61,38 +60,40 @@ sys.exit(1 if any(os.waitpid(k, 0)[1] for k in kids) else 0)
 """Four processes of 30 MB each: only the cgroup's total is over a 64 MB limit."""
 
 RESOURCE_ATTACKS = [
-    # id, lang, code, limit changes, status, seconds the whole run may take
+    # id, lang, code, limit changes, status, the limit (a Limits field) that ends it
     ("fork-bomb-bash", "bash", ":(){ :|:& };:\nsleep 30", {"wall_s": 1.5, "pids": 32},
-     ExecStatus.TIMEOUT, 3.0),
+     ExecStatus.TIMEOUT, "wall_s"),
     ("fork-bomb-python", "python",
      ("import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
-      "        time.sleep(0.01)"), {"wall_s": 1.5, "pids": 32}, ExecStatus.TIMEOUT, 3.0),
+      "        time.sleep(0.01)"), {"wall_s": 1.5, "pids": 32}, ExecStatus.TIMEOUT, "wall_s"),
     ("memory-bomb", "python", "b = []\nwhile True:\n    b.append(b'x' * 10**7)",
-     {"memory_mb": 64}, ExecStatus.MEMORY, 2.0),
+     {"memory_mb": 64}, ExecStatus.MEMORY, "memory_mb"),
     ("memory-bomb-split", "python", SPLIT_HOG, {"memory_mb": 64, "wall_s": 3},
-     ExecStatus.MEMORY, 3.0),
+     ExecStatus.MEMORY, "memory_mb"),
     ("disk-fill", "bash", "head -c 1G /dev/zero > fill", {"disk_mb": 16}, ExecStatus.DISK,
-     2.0),
+     "disk_mb"),
     ("disk-fill-shm", "python",
      "f = open('/dev/shm/fill', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))",
-     {"disk_mb": 16}, ExecStatus.DISK, 2.0),
-    ("cpu-spin", "python", "while True:\n    pass", {"cpu_s": 1, "wall_s": 5},
-     ExecStatus.TIMEOUT, 3.0),
-    ("sleep-forever", "bash", "sleep infinity", {"wall_s": 1}, ExecStatus.TIMEOUT, 2.5),
+     {"disk_mb": 16}, ExecStatus.DISK, "disk_mb"),
+    # a wall limit out of reach however loaded the host: the CPU limit must end it
+    ("cpu-spin", "python", "while True:\n    pass", {"cpu_s": 1, "wall_s": 60},
+     ExecStatus.TIMEOUT, "cpu_s"),
+    ("sleep-forever", "bash", "sleep infinity", {"wall_s": 1}, ExecStatus.TIMEOUT, "wall_s"),
     ("stdout-flood-gigabytes", "bash", "head -c 8G /dev/zero", {"wall_s": 10},
-     ExecStatus.OUTPUT, 2.5),
+     ExecStatus.OUTPUT, "output_bytes"),
 ]
+"""Each attack ends by the limit named, with its status and a message naming that limit:
+contained by what was meant to contain it, which no wall-time bound could show on a
+loaded host. (A run that outlived its kill would be `infra`, the supervisor's.)"""
 
 
-@pytest.mark.parametrize("lang, code, changes, want, max_s",
+@pytest.mark.parametrize("lang, code, changes, want, limit",
                          [a[1:] for a in RESOURCE_ATTACKS], ids=[a[0] for a in RESOURCE_ATTACKS])
-def test_resource_attack_contained(run_one: RunOne, runner, lang, code, changes, want, max_s):
-    t = time.monotonic()
+def test_resource_attack_contained(run_one: RunOne, runner, lang, code, changes, want, limit):
     r = run_one(code, lang, **changes)
-    elapsed = time.monotonic() - t
     assert r.status in CANDIDATE_STATUSES, describe(r)
     assert r.status is want, describe(r)
-    assert elapsed < max_s, f"took {elapsed:.2f}s"
+    assert f"Limits.{limit}" in r.message, describe(r)
     if want is ExecStatus.OUTPUT:
         assert r.truncated and len(r.stdout) == FAST.output_bytes
     if want is ExecStatus.MEMORY:
@@ -182,13 +183,14 @@ except OSError as e:
     print("resolve", type(e).__name__)
 print(sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]))
 """
-    t = time.monotonic()
     r = run_one(code)
+    # Nothing waited: the run ended under its wall limit (a lookup that waited for a
+    # nameserver would not), and the connect failed at once (its 1 s timeout would
+    # read `TimeoutError`, not `OSError`).
     assert r.status is ExecStatus.OK, describe(r)
     assert b"connected" not in r.stdout and b"resolved" not in r.stdout, describe(r)
     assert r.stdout.startswith(b"connect OSError\nresolve "), describe(r)
     assert r.stdout.endswith(b"['lo']\n"), describe(r)  # no interface but loopback
-    assert time.monotonic() - t < 2.5
 
 
 # ------------------------------------------------------------------ host secrets
