@@ -11,6 +11,7 @@ from dataclasses import fields
 
 import pytest
 
+from tests.conftest import load_scaled
 from tests.sandbox.conftest import FAST, describe, no_leaks
 from trialbox.errors import InfraError, LimitsError, UnknownLanguage, UsageError
 from trialbox.sandbox import NamespaceSandbox, open_sandbox, run_code
@@ -155,24 +156,28 @@ def test_cwd_that_is_not_a_directory(runner, cwd):
     """The workspace is the candidate's: a directory the caller names may be gone (the
     program deleted it last run). That is the caller's mistake (UsageError) or, like a
     shell's failed `cd`, a non-zero exit; never infra, and never a wait for the clock."""
+    wall_s = load_scaled(3)  # far above a failed chdir's time, however loaded the machine
+
     async def body():
-        async with await NamespaceSandbox.open(runner.pool, FAST.with_(wall_s=1)) as sb:
+        async with await NamespaceSandbox.open(runner.pool, FAST.with_(wall_s=wall_s)) as sb:
             await sb.write_file("a-file", b"x")
             t = time.monotonic()
-            try:  # capped, so a hang fails in seconds rather than after the kill grace
-                r = await asyncio.wait_for(sb.exec(["/bin/pwd"], cwd=cwd), 4)
+            try:  # capped, so a hang fails soon after the wall limit, not the kill grace
+                r = await asyncio.wait_for(sb.exec(["/bin/pwd"], cwd=cwd), 2 * wall_s)
             except UsageError as e:
                 assert "cwd" in str(e) or cwd in str(e), e
                 r = None
             except TimeoutError:
-                pytest.fail(f"exec with cwd={cwd!r} hung (no result after 4 s, wall_s=1)")
+                pytest.fail(f"exec with cwd={cwd!r} hung (no result after {2 * wall_s:.1f} s, "
+                            f"wall_s={wall_s:.1f})")
             elapsed = time.monotonic() - t
             after = await sb.exec(["/bin/pwd"])
             return r, elapsed, after
     r, elapsed, after = runner.run(body())
     if r is not None:
         assert r.status is ExecStatus.EXIT and r.exit_code, describe(r)
-    assert elapsed < 1.5, f"took {elapsed:.1f}s"
+    # answered before its wall limit could answer (status timeout, or a late refusal)
+    assert elapsed < wall_s, f"took {elapsed:.1f} s, wall_s={wall_s:.1f}"
     assert (after.status, after.stdout) == (ExecStatus.OK, b"/workspace\n"), describe(after)
     assert_pool_serves(runner)
 

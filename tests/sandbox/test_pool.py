@@ -93,21 +93,20 @@ def test_taking_and_handing_back_cells_does_not_churn_the_pool():
 def test_settle_tops_the_pool_up_between_its_low_water_mark_and_target():
     """Refilling starts only below the low-water mark, so a pool with one cell taken
     (3 of 4 ready, the session still open) does not refill by itself; `settle()`
-    (benchmarks call it between measurements) must bring it back to `warm` at once,
-    not sit out its timeout."""
+    (benchmarks call it between measurements) must bring it back to `warm` itself, not
+    sit out its timeout with 3 ready: the count shows which, however loaded the host."""
     async def body():
         pool = await CellPool(PoolConfig(warm=4, max_warm=4)).start()
         try:
-            await pool.settle(5)
+            await pool.settle(30)
             async with await NamespaceSandbox.open(pool, FAST) as sb:
                 await sb.exec(["true"])  # the session holds a cell now: 3 ready
-                t0 = time.monotonic()
-                await pool.settle(10)
-                return time.monotonic() - t0, pool.ready_count
+                assert pool.ready_count == 3
+                await pool.settle(30)  # ample for one cell's start on a loaded host
+                return pool.ready_count
         finally:
             await pool.close()
-    took, ready = asyncio.run(body())
-    assert ready == 4 and took < 5, (took, ready)
+    assert asyncio.run(body()) == 4
 
 
 def test_zygote_death_is_infra_then_recovers(runner):

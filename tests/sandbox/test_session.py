@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.conftest import load_scaled
 from tests.sandbox.conftest import (
     CANDIDATE_STATUSES,
     TIME_SCALE,
@@ -274,24 +275,6 @@ def test_close_is_idempotent_and_closed_session_refuses(runner):
     no_leaks(runner)
 
 
-def test_close_while_a_run_is_in_flight(runner):
-    """Closing from another task while a run sleeps: the run ends (no hang), nothing
-    leaks, and the session stays closed."""
-    async def body():
-        sb = await _open(runner, wall_s=1.5)
-        task = asyncio.ensure_future(_sh(sb, "sleep 30"))
-        await asyncio.sleep(0.3)
-        t = time.monotonic()
-        await sb.close()
-        r = await asyncio.wait_for(task, 5)
-        assert time.monotonic() - t < 3
-        assert r.status is not ExecStatus.OK, describe(r)
-        with pytest.raises(UsageError):
-            await sb.exec(["true"])
-    runner.run(body())
-    no_leaks(runner)
-
-
 # ------------------------------------------------------------------ the file API and links
 
 
@@ -343,11 +326,10 @@ def test_read_file_of_fifo_or_directory_refused_without_hanging(runner):
     async def body():
         async with await _open(runner) as sb:
             await _sh(sb, "mkfifo pipe; mkdir adir")
-            t = time.monotonic()
             for path in ("pipe", "adir"):
                 with pytest.raises(UsageError):
-                    await sb.read_file(path)
-            assert time.monotonic() - t < 1
+                    # a FIFO with no writer would block an open forever: fail, not hang
+                    await asyncio.wait_for(sb.read_file(path), load_scaled(5))
     runner.run(body())
 
 
@@ -526,10 +508,11 @@ def test_a_first_run_gets_every_passed_fd_and_its_workspace(runner):
 
 @pytest.mark.parametrize("cell_start_s", [0.0, 1.0], ids=["running", "waiting-for-its-cell"])
 def test_close_stops_a_run_in_flight(runner, cell_start_s):
-    """Closing a session stops its run, whether the program runs or the run is still
-    being set up (its cell starting: seconds on a slow kernel or a loaded host — then it
-    is not started at all): close never waits for the whole run. (The second case was
-    found in the UML guest: close waited out a 30 s `sleep`.)"""
+    """Closing a session (from another task) stops its run, whether the program runs or
+    the run is still being set up (its cell starting: seconds on a slow kernel or a
+    loaded host — then it is not started at all): close never waits for the whole run,
+    nothing leaks, and the session stays closed. (The second case was found in the UML
+    guest: close waited out a 30 s `sleep`.)"""
     async def body():
         sb = await NamespaceSandbox.open(runner.pool, limits(wall_s=30))
         if cell_start_s:
@@ -544,10 +527,15 @@ def test_close_stops_a_run_in_flight(runner, cell_start_s):
         t0 = time.monotonic()
         await sb.close()
         r = await task
-        return r, time.monotonic() - t0
+        took = time.monotonic() - t0
+        with pytest.raises(UsageError):
+            await sb.exec(["true"])
+        return r, took
     r, took = runner.run(body())
+    # the caller's close ended it, not its 30 s wall limit
     assert r.status is ExecStatus.SIGNAL and "stopped by the caller" in r.message, describe(r)
-    assert took < 5, took
+    # …at once, not by waiting out the 30 s run: a wall bound, scaled by the load
+    assert took < load_scaled(5), took
     no_leaks(runner)
 
 
