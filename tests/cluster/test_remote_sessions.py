@@ -141,7 +141,7 @@ def test_an_episodes_session_runs_on_its_node_as_it_would_locally(cluster: Clust
             # node for both turns, judged there too, closed at the end
             await be.load("judge", JudgeWorkload("namespace"))
 
-            async def grader(task: Task, completion: str) -> Grade:
+            async def grader(task: Task, completion: str, seed: int | None = None) -> Grade:
                 out: Grade = await be.run("judge", (task, completion, "python"),
                                           tier="namespace")
                 return out
@@ -181,7 +181,7 @@ def test_a_node_lost_mid_episode_makes_it_infra_never_a_wrong_answer(
             provider = await RemoteProvider.start(be, "fake")  # k's tier only
             await be.load("judge", JudgeWorkload("namespace"))  # the head's
 
-            async def grader(task: Task, completion: str) -> Grade:
+            async def grader(task: Task, completion: str, seed: int | None = None) -> Grade:
                 out: Grade = await be.run("judge", (task, completion, "python"),
                                           tier="namespace")
                 return out

@@ -29,6 +29,8 @@ F = "```"
     # backticks inside a string literal are not a fence
     (f"{F}python\ndef add(a, b):\n    s = '{F}'\n    return a + b\n{F}\n",
      f"def add(a, b):\n    s = '{F}'\n    return a + b\n"),
+    # a fence opened after prose on its line, closed before more prose on its line
+    (f"Here it is: {F}python\n{SOLUTION}{F} and that is all.", SOLUTION),
     # two solutions: the last that defines the entry point
     (f"{F}python\ndef add(a, b):\n    return 0\n{F}\nFixed:\n{F}python\n{SOLUTION}{F}",
      SOLUTION),

@@ -25,7 +25,7 @@ RIGHT = "```python\ndef square(x):\n    return x * x\n```"
 CFG = AgentConfig(max_new_tokens=200)
 
 
-async def grader(task: Task, completion: str) -> Grade:
+async def grader(task: Task, completion: str, seed: int | None = None) -> Grade:
     """A judge that passes `x * x` and fails anything else (visible test named)."""
     ok = "x * x" in completion
     return Grade(task.task_id, Outcome.PASSED if ok else Outcome.FAILED,
@@ -132,5 +132,62 @@ def test_admission_is_per_episode_and_bad_input_is_named():
         assert sorted(seen) == ["ep0", "ep1", "ep2", "ep3"] and peak == 4
         with pytest.raises(UsageError, match="SandboxProvider"):
             await rollout(policy, [SQUARE], pool=object(), grader=grader)  # type: ignore
+
+    asyncio.run(body())
+
+
+def test_stopping_at_a_pass_is_no_oracle_the_final_grading_is_the_reward():
+    """A turn whose grading passes ends the episode, and its reward is one grading more
+    with the final-domain seed no turn saw (judge/seeds.py). A judge whose random draws
+    pass the turn's seed and fail the final one (a rare-wrong answer, lucky once) gives
+    reward 0, and the episode still ends: no second chance to sample the hidden tests.
+    Every turn's seed is derived from the code, so resubmitting it draws the same."""
+    from trialbox.judge.seeds import FINAL, TURN, derive_seed
+    from trialbox.rollout.agent import TURN_PASS_ONLY
+
+    seen: list[tuple[str, int | None]] = []
+
+    async def lucky_on_turns(task: Task, completion: str, seed: int | None = None) -> Grade:
+        seen.append((completion, seed))
+        ok = seed == derive_seed(task.task_id, completion, TURN)
+        return Grade(task.task_id, Outcome.PASSED if ok else Outcome.FAILED,
+                     tests=(TestResult("h1", ok),), seed=seed)
+
+    async def body():
+        policy = ScriptedPolicy([RIGHT, RIGHT, RIGHT])
+        cfg = AgentConfig(max_new_tokens=200, max_turns=3)
+        [tr] = (await rollout(policy, [SQUARE], config=cfg, pool=FakeProvider(),
+                              grader=lucky_on_turns)).trajectories
+        assert len(tr.turns) == 1 and tr.stop_reason == "passed"
+        assert tr.reward == 0.0 and not tr.passed
+        assert TURN_PASS_ONLY in tr.grade.flags
+        [(c1, s1), (c2, s2)] = seen
+        assert c1 == c2 and s1 == derive_seed(SQUARE.task_id, c1, TURN)
+        assert s2 == derive_seed(SQUARE.task_id, c1, FINAL) != s1
+        # a deterministic judge passes both: reward 1, as before
+        seen.clear()
+        [tr] = (await rollout(ScriptedPolicy([RIGHT]), [SQUARE], config=cfg,
+                              pool=FakeProvider(), grader=grader)).trajectories
+        assert tr.passed and tr.reward == 1.0 and len(tr.turns) == 1
+
+    asyncio.run(body())
+
+
+def test_the_last_turn_is_graded_once_in_the_final_domain():
+    from trialbox.judge.seeds import FINAL, derive_seed
+
+    seeds: list[int | None] = []
+
+    async def judge(task: Task, completion: str, seed: int | None = None) -> Grade:
+        seeds.append(seed)
+        return await grader(task, completion)
+
+    async def body():
+        [tr] = (await rollout(ScriptedPolicy([RIGHT]), [SQUARE],
+                              config=AgentConfig(max_new_tokens=200, max_turns=1),
+                              pool=FakeProvider(), grader=judge)).trajectories
+        assert tr.passed and tr.reward == 1.0
+        code = "\n" + RIGHT.split("\n", 1)[1].rsplit("```", 1)[0]
+        assert seeds == [derive_seed(SQUARE.task_id, code, FINAL)]
 
     asyncio.run(body())

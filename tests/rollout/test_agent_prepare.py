@@ -109,7 +109,7 @@ def test_without_the_prepared_state_the_same_runs_fail(prep_runner):
     assert all(tr.turns[0].exec_status is ExecStatus.EXIT for tr in batch.trajectories)
 
 
-async def no_judge(task: Task, completion: str) -> Grade:
+async def no_judge(task: Task, completion: str, seed: int | None = None) -> Grade:
     return Grade(task.task_id, Outcome.FAILED)
 
 

@@ -220,7 +220,7 @@ AGENT_TASK = Task(task_id="square", kind=TaskKind.FUNCTION, entry_point="square"
 WRONG, RIGHT = "    return x + x\n", "    return x * x\n"
 
 
-async def _grade(task: Task, completion: str) -> Grade:
+async def _grade(task: Task, completion: str, seed: int | None = None) -> Grade:
     ok = "x * x" in completion
     return Grade(task.task_id, Outcome.PASSED if ok else Outcome.FAILED,
                  tests=(TestResult("v", ok, "" if ok else "assert failed", hidden=False),))

@@ -409,7 +409,9 @@ class FakeWorkload:
 class JudgeWorkload:
     """Grades one answer with the trusted judge on the node's pool of `tier` (what
     `trialbox serve --backend ray` places for /v1/submissions). The payload is
-    `(task, answer, language)`; the answer a `Grade`."""
+    `(task, answer, language)` or `(task, answer, language, seed)` — the driver derives
+    the seed, so every node draws alike for the same code (judge/seeds.py); the answer
+    a `Grade`."""
 
     tier: str = "namespace"
     _provider: SandboxProvider | None = None
@@ -422,8 +424,9 @@ class JudgeWorkload:
     async def run(self, payload: Any, session: dict[str, Any] | None) -> Grade:
         from trialbox.judge.grade import grade
         assert self._provider is not None
-        task, answer, language = payload
-        return await grade(task, answer, self._provider, language=language)
+        task, answer, language, *rest = payload  # + the seed, where the driver gave one
+        seed = rest[0] if rest else None
+        return await grade(task, answer, self._provider, language=language, seed=seed)
 
     async def close(self) -> None:
         self._provider = None

@@ -21,7 +21,8 @@ from trialbox.cluster.backend import ClusterConfig, RayBackend
 from trialbox.cluster.node import JudgeWorkload
 from trialbox.cluster.sessions import RemoteProvider, RemoteSandbox
 from trialbox.errors import InfraError
-from trialbox.types import Grade, Limits, Task
+from trialbox.judge.seeds import derive_seed
+from trialbox.types import Grade, Limits, Task, TaskKind
 
 WORKLOAD = "serve:judge"
 PRIORITY = 0
@@ -43,9 +44,14 @@ class ClusterGrader:
             raise
         return cls(backend, tier)
 
-    async def grade(self, task: Task, answer: Any, language: str) -> Grade:
-        """Judged whole on one node; a node lost meanwhile raises `NodeLost`."""
-        out: Grade = await self.backend.run(WORKLOAD, (task, answer, language),
+    async def grade(self, task: Task, answer: Any, language: str,
+                    seed: int | None = None) -> Grade:
+        """Judged whole on one node; a node lost meanwhile raises `NodeLost`. A function
+        task's seed is derived here, on the driver, when not given (judge/seeds.py): the
+        same code draws alike on every node."""
+        if seed is None and task.kind is TaskKind.FUNCTION and isinstance(answer, str):
+            seed = derive_seed(task.task_id, answer)
+        out: Grade = await self.backend.run(WORKLOAD, (task, answer, language, seed),
                                             tier=self.tier, priority=PRIORITY)
         return out
 

@@ -10,9 +10,10 @@ training reward read the same text the same way (DESIGN.md, decision 9).
 
 The rules, in order (`extract_code`):
 
-* A fence is three backticks at the start of a line (indentation allowed); its info
-  string names a language (```` ```Python ````, ```` ```py ````, ```` ```python3 ```` — any
-  case). Backticks elsewhere in a line (inside a string literal, in prose) are not fences.
+* A block opens with three backticks at the start of a line or after a space ("Here:
+  ```python"), its info string naming a language (```` ```Python ````, ```` ```py ````,
+  ```` ```python3 ```` — any case), and closes with three backticks at the start of a
+  line. Backticks inside a line of code (a string literal such as '```') do neither.
 * Of the complete blocks, the candidates are those in the answer's language (its names
   in `LANGUAGE_TAGS`) and bare ones; blocks tagged as another language or as output
   (```` ```text ````, ```` ```output ````, ```` ```bash ````, ...) are never the answer.
@@ -35,8 +36,11 @@ from trialbox.errors import UsageError
 from trialbox.sandbox.languages import ALIASES
 from trialbox.types import Task, TaskKind
 
-_FENCE_LINE = re.compile(r"^[ \t]*```[ \t]*([^\s`]*)[^\n`]*$", re.MULTILINE)
-"""A fence line: ``` then an optional info string (its first word is the language)."""
+_OPEN = re.compile(r"(?:^|(?<=\s))```[ \t]*([\w+#.-]*)[^\n`]*\n", re.MULTILINE)
+"""An opening fence: ``` at the start of a line or after a space, then an optional info
+string (its first word is the language), then the end of the line."""
+_CLOSE = re.compile(r"^[ \t]*```", re.MULTILINE)
+"""A closing fence: ``` at the start of a line."""
 
 LANGUAGE_TAGS: dict[str, frozenset[str]] = {
     "python": frozenset({"python", "python3", "py", "py3", "python2"}),
@@ -97,19 +101,15 @@ def extract_code(text: str, *, language: str = "python",
     ('    return x + 1\\n', 'raw')
     """
     wanted = _tags(language)
-    fences = list(_FENCE_LINE.finditer(text))
     blocks: list[tuple[str, str]] = []  # (tag, code) of each complete block
-    i, opened = 0, None
-    while i < len(fences):
-        start = fences[i]
-        if i + 1 < len(fences):
-            end = fences[i + 1]
-            body = text[start.end() + 1:end.start()] if start.end() < end.start() else ""
-            blocks.append((start.group(1).lower(), body))
-            i += 2
-        else:
-            opened = start
-            i += 1
+    pos, opened = 0, None
+    while (m := _OPEN.search(text, pos)) is not None:
+        close = _CLOSE.search(text, m.end())
+        if close is None:
+            opened = m  # never closed
+            break
+        blocks.append((m.group(1).lower(), text[m.end():close.start()]))
+        pos = close.end()
     tagged = [c for tag, c in blocks if tag in wanted]
     bare = [c for tag, c in blocks if tag == ""]
     candidates = tagged + bare
@@ -125,10 +125,10 @@ def extract_code(text: str, *, language: str = "python",
         before = text[:opened.start()]
         tag = opened.group(1).lower()
         if tag in wanted or (tag == "" and not before.strip()):
-            code = text[opened.end() + 1:]  # ran out of tokens inside the block
+            code = text[opened.end():]  # ran out of tokens inside the block
         elif tag == "":  # a bare fence after code closes a block the prompt opened
             code, source = before, "raw"
-    if code is None and not fences:
+    if code is None and not blocks and opened is None:
         code, source = text, "raw"
     if code is None or not code.strip():
         return None, ""

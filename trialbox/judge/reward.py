@@ -231,7 +231,7 @@ def reward(grade: Grade, spec: RewardSpec, *, style: float | None = None,
     for name, v in (("style", style), ("efficiency", efficiency), ("memory", memory)):
         if v is not None and not 0.0 <= v <= 1.0:
             raise UsageError(f"reward: {name}={v!r} must be in [0, 1] (or None)")
-    total = sum(getattr(spec, f) for f in _WEIGHTS)
+    total: float = sum(getattr(spec, f) for f in _WEIGHTS)
     floor = (spec.pass_rate + spec.all_passed) / total  # > 0: __post_init__
     if grade.passed:
         parts = [(spec.pass_rate, 1.0), (spec.all_passed, 1.0), (spec.style, style),

@@ -41,6 +41,7 @@ from trialbox.judge.answer import read_code
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade
 from trialbox.judge.reward import RewardSpec, reward
+from trialbox.judge.seeds import FINAL, TURN, derive_seed
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.rollout.policy import Generation, Policy
 from trialbox.rollout.prepare import GroupLeaser, Prepare, prepare_groups
@@ -331,8 +332,10 @@ class _EnvBusy:
             self.stats.env_wall_s += time.monotonic() - self.since
 
 
-Grader = Callable[[Task, str], Awaitable[Grade]]
-"""(task, completion) -> the trusted judge's grade of that completion."""
+Grader = Callable[[Task, str, "int | None"], Awaitable[Grade]]
+"""(task, completion, seed) -> the trusted judge's grade of that completion, its tests'
+`random` seeded with `seed` (None: the judge derives the final-domain seed itself;
+judge/seeds.py)."""
 
 EnvSlot = Callable[[str], AbstractAsyncContextManager[Any]]
 """episode id -> the admission of one turn's environment work (its run and its grading):
@@ -414,12 +417,20 @@ def _completion(code: str, code_from: str) -> str:
     return ("\n" + code) if code_from == "fenced" else code
 
 
-async def _judge(env: _Env, task: Task, completion: str) -> Grade:
-    """The trusted judge's grade. The judges retry infrastructure failures they see in
-    results; one raised as an exception (a sandbox that cannot be had) is INFRA too."""
+def _seed(task: Task, completion: str, domain: str) -> int | None:
+    """A function task's seed in `domain` (the other judges draw nothing at random)."""
+    return derive_seed(task.task_id, completion, domain) \
+        if task.kind is TaskKind.FUNCTION else None
+
+
+async def _judge(env: _Env, task: Task, completion: str, domain: str = FINAL) -> Grade:
+    """The trusted judge's grade, its random draws from `domain` (judge/seeds.py). The
+    judges retry infrastructure failures they see in results; one raised as an
+    exception (a sandbox that cannot be had) is INFRA too."""
+    seed = _seed(task, completion, domain)
     try:
         if env.grader is not None:
-            return await env.grader(task, completion)
+            return await env.grader(task, completion, seed)
         if task.kind is TaskKind.STDIO:
             return await grade(task, completion, env.provider,
                                stdio_config=env.cfg.stdio_judge, language=env.cfg.language)
@@ -427,7 +438,7 @@ async def _judge(env: _Env, task: Task, completion: str) -> Grade:
             await open_harness(env.provider, env.cfg.judge)
         try:
             return await grade(task, completion, env.provider, config=env.cfg.judge,
-                               harness=harness)
+                               harness=harness, seed=seed)
         finally:
             env.harnesses.append(harness)
     except SandboxUnavailable:
@@ -440,22 +451,44 @@ async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
                        code_from: str, last: bool) -> tuple[ExecResult | None, Grade | None]:
     """Run and grade one turn's code, concurrently, within the environment slots. A
     turn without code is not run; it is graded (as the empty completion) only when it
-    is the last, so the reward still comes from the judge."""
+    is the last, so the reward still comes from the judge. The last turn is graded in
+    the final domain (its grade is the reward whatever it says), the others in the
+    turn domain (judge/seeds.py)."""
+    domain = FINAL if last else TURN
     if code is None and not last:
         return None, None
     async with env.slot(episode_id):
         env.busy.enter()
         try:
             if code is None:
-                return None, await _judge(env, task, "")
+                return None, await _judge(env, task, "", domain)
             completion = _completion(code, code_from)
             if not env.cfg.execute:
-                return None, await _judge(env, task, completion)
+                return None, await _final(env, task, completion, domain)
             run, grade = await asyncio.gather(_run_in_session(env, episode_id, task, code),
-                                              _judge(env, task, completion))
+                                              _final(env, task, completion, domain))
             return run, grade
         finally:
             env.busy.leave()
+
+
+async def _final(env: _Env, task: Task, completion: str, domain: str) -> Grade:
+    """A turn's grade. A pass in the turn domain ends the episode, so it is graded once
+    more in the final domain, which no turn saw (judge/seeds.py), and that grade is the
+    turn's — else stopping at the first pass would sample a randomised task's hidden
+    tests until lucky (a deterministic task passes again). The episode ends either way:
+    the second grading is the reward, never a second chance."""
+    grade = await _judge(env, task, completion, domain)
+    if domain == TURN and grade.passed and task.kind is TaskKind.FUNCTION:
+        final = await _judge(env, task, completion, FINAL)
+        return final if final.passed else replace(final, flags=tuple(sorted(
+            {*final.flags, TURN_PASS_ONLY})))
+    return grade
+
+
+TURN_PASS_ONLY = "passed-a-turn-only"
+"""The flag of a final grade that failed where its turn's grading passed (a randomised
+task's draws): the episode ends on it all the same."""
 
 
 async def _episode(env: _Env, task: Task, prompt_ids: tuple[int, ...], episode_id: str,
@@ -506,8 +539,8 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
                 # judge's grade ends the episode; no exclusion. (A session lost with its
                 # cluster node is proven already: no control, excluded below.)
                 stop_reason = "session_broken"
-            elif g is not None and g.passed:  # the judge's word stands, whatever the run
-                stop_reason = "passed"
+            elif g is not None and (g.passed or TURN_PASS_ONLY in g.flags):
+                stop_reason = "passed"  # the judge's word stands, whatever the run
             elif infra or (g is not None and g.outcome is Outcome.INFRA):
                 # The judge or the episode's own session failed: its feedback would be
                 # about the machinery, not the code. Excluded (reward None).

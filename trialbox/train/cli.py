@@ -67,6 +67,7 @@ async def _train_on_cluster(config: Any, cluster: Any, say: Any,
     from trialbox.cluster.serving import ClusterGrader
     from trialbox.cluster.sessions import RemoteProvider
     from trialbox.train.trainer import agent_config, train
+    from trialbox.types import Grade, Task
     grader = await ClusterGrader.start(cluster, "namespace")
     language = agent_config(config).language
     try:
@@ -80,9 +81,11 @@ async def _train_on_cluster(config: Any, cluster: Any, say: Any,
 
                 def start(model: Any, tok: Any) -> Any:
                     return PolicyFleet.start(generation, model, tok)
-            result = await train(config, pool=sessions, progress=say,
-                                 grader=lambda task, completion: grader.grade(
-                                     task, completion, language), generation=start)
+
+            async def judged(task: Task, completion: str, seed: int | None) -> Grade:
+                return await grader.grade(task, completion, language, seed)
+            result = await train(config, pool=sessions, progress=say, grader=judged,
+                                 generation=start)
         finally:
             await sessions.close()  # sessions an episode left open (none, if all ended)
         # where the work went: nodes, pieces placed (gradings and session calls), lost

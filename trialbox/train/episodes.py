@@ -29,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.judge.evaluate import grade_from_json
-from trialbox.rollout.agent import AgentConfig, Episodes, RolloutBatch, finish_stats
+from trialbox.rollout.agent import AgentConfig, Episodes, Grader, RolloutBatch, finish_stats
 from trialbox.rollout.policy import Policy, Tokenizer
 from trialbox.rollout.text import default_prompt
 from trialbox.sandbox.base import SandboxProvider
@@ -48,7 +48,7 @@ from trialbox.schedule.scheduler import (
     TaskSpec,
 )
 from trialbox.store.journal import Journal
-from trialbox.types import ExecStatus, Grade, Limits, Outcome, Task, Trajectory, Turn
+from trialbox.types import ExecStatus, Limits, Outcome, Task, Trajectory, Turn
 
 KIND = "train"
 FORMAT = 1
@@ -194,7 +194,7 @@ class JournaledEpisodes:
                  provider: SandboxProvider, *, group_size: int, env_workers: int,
                  in_flight: int, inputs: dict[str, Any], tasks_per_step: int,
                  tokenizer: Tokenizer,
-                 grader: Callable[[Task, str], Awaitable[Grade]] | None = None):
+                 grader: Grader | None = None):
         self.journal, self.run_id, self.agent = journal, run_id, agent
         self.tokenizer = tokenizer
         self.provider, self.group_size, self.grader = provider, group_size, grader
