@@ -55,11 +55,11 @@ def test_admission_wait_times_out() -> None:
     async def body() -> None:
         adm = await _admission(running=1, queued=4, wait_s=10)
         async with adm.slot():
-            t0 = time.monotonic()
-            with pytest.raises(Overloaded, match="no sandbox slot"):
+            # the request's 0.1 s ran out (not the admission's wait_s=10): its message
+            # names the time waited, which load cannot change
+            with pytest.raises(Overloaded, match="no sandbox slot became free within 0.1 s"):
                 async with adm.slot(timeout=0.1):
                     pass
-            assert time.monotonic() - t0 < 2
         assert adm.waiting == 0
         await adm.close()
 

@@ -98,7 +98,7 @@ def test_split_by_hand(by_id):
 def test_canonical_solutions_pass_every_split_test(tasks):
     """Setup, then the reference solution, then each test in order, in one namespace:
     all pass. (Trusted data, so plain `exec`.)"""
-    t_start = time.monotonic()
+    t_start = time.thread_time()  # CPU time: what a runaway test would take, unlike load
     for t in tasks:
         ns: dict[str, object] = {"__name__": "__humaneval__"}
         exec(compile(t.test_setup, f"{t.task_id} setup", "exec"), ns)
@@ -109,7 +109,7 @@ def test_canonical_solutions_pass_every_split_test(tasks):
                 exec(compile(c.code, f"{t.task_id} {c.name}", "exec"), ns)
             except AssertionError:
                 pytest.fail(f"{t.task_id} {c.name} fails on the canonical solution:\n{c.code}")
-    assert time.monotonic() - t_start < 10
+    assert time.thread_time() - t_start < 10
 
 
 def test_which_tests_read_names_from_the_prompt(tasks):
