@@ -49,3 +49,23 @@ def test_a_shared_secret_from_the_environment(monkeypatch):
         seeds.secret()
     monkeypatch.setattr(seeds, "_SECRET", None)  # the next caller draws its own
 
+
+
+def test_eval_repeats_draw_apart_so_a_randomised_task_shows_its_disagreement(runner):
+    """`eval --repeat`: the first repeat in the final domain, repeat r in `repeat:r` —
+    the determinism report measures how often a randomised task disagrees across
+    seeds (an answer wrong on half the draws: 12 repeats all agree with p ~ 1/2000)."""
+    from trialbox.judge.evaluate import evaluate
+
+    coin = Task("R/coin", TaskKind.FUNCTION, "def ident(x):\n", entry_point="ident",
+                hidden_tests=(TestCase("h0", "import random\nx = random.randint(0, 19)\n"
+                                             "assert candidate(x) == x, x"),))
+    half_wrong = "    return x if x >= 10 else -1\n"
+    rows, summary = runner.run(evaluate({coin.task_id: coin},
+                                        [{"task_id": coin.task_id, "completion": half_wrong}],
+                                        runner.pool, workers=2, repeat=12))
+    assert summary["deterministic"] is False and summary["nondeterministic_task_ids"] == [
+        coin.task_id]
+    first = runner.run(grade(coin, half_wrong, runner.pool))  # the reward's own draws
+    assert first.seed == seeds.derive_seed(coin.task_id, half_wrong)
+    assert rows[0].outcome is first.outcome

@@ -18,7 +18,7 @@ from typing import Any
 from trialbox.cluster.backend import ClusterConfig, RayBackend
 from trialbox.cluster.node import EvalWorkload
 from trialbox.errors import UsageError
-from trialbox.judge.evaluate import Evaluator, Reference, progress_bar
+from trialbox.judge.evaluate import Evaluator, Reference, attempt_seed, progress_bar
 from trialbox.judge.function import JudgeConfig
 from trialbox.judge.reward import RewardSpec
 from trialbox.judge.stdio import StdioJudgeConfig
@@ -72,8 +72,12 @@ class ClusterEvaluator(Evaluator):
     async def close(self) -> None:
         """The nodes' harnesses close with the nodes (`RayBackend.close`)."""
 
-    async def attempt(self, sample: EvalSample) -> tuple[Grade, Reference]:
-        grade, reference = await self.backend.run(self.name, sample, tier=self.tier)
+    async def attempt(self, sample: EvalSample, repeat: int = 0,
+                      seed: int | None = None) -> tuple[Grade, Reference]:
+        if seed is None:  # derived here, so every node draws alike
+            seed = attempt_seed(self.tasks[sample.task_id], sample, repeat)
+        grade, reference = await self.backend.run(self.name, (sample, repeat, seed),
+                                                  tier=self.tier)
         return grade, reference
 
 

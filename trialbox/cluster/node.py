@@ -334,8 +334,9 @@ def leaks_of(pool_ids: list[str]) -> dict[str, list[str]]:
 @dataclass
 class EvalWorkload:
     """Grades eval attempts on the node: an `Evaluator` over the node's pool of `tier`,
-    with the node's slots as its workers (harness sessions). The payload is the sample;
-    the answer `(Grade, Reference)`."""
+    with the node's slots as its workers (harness sessions). The payload is `(sample,
+    repeat, seed)`, the seed derived by the driver (or a bare sample); the answer
+    `(Grade, Reference)`."""
 
     tasks: dict[str, Task]
     tier: str = "namespace"
@@ -356,6 +357,8 @@ class EvalWorkload:
     async def run(self, payload: Any, session: dict[str, Any] | None) -> tuple[Grade,
                                                                                Reference]:
         assert self._ev is not None
+        if isinstance(payload, tuple):  # (sample, repeat, seed): the driver's seed
+            return await self._ev.attempt(*payload)
         return await self._ev.attempt(payload)
 
     async def close(self) -> None:

@@ -28,6 +28,7 @@ from trialbox.judge.answer import answer_of
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade
 from trialbox.judge.repo import RepoJudgeConfig
+from trialbox.judge.seeds import FINAL, derive_seed
 from trialbox.judge.repo_tree import candidate_tree
 from trialbox.store.patches import TreeError
 from trialbox.judge.reward import RewardSpec, reward, score, style_findings, style_score
@@ -113,6 +114,19 @@ def answer(task: Task, sample: EvalSample) -> str | dict[str, str | None]:
         lang = sample.language if isinstance(sample.language, str) else None
         return answer_of(task, sample.completion, language=lang)
     return sample.answer
+
+
+def attempt_seed(task: Task, sample: EvalSample, repeat: int) -> int | None:
+    """The seed of a function task's attempt (judge/seeds.py): the first repeat in the
+    final domain — the same draws as every other grading of this code for the reward —
+    and repeat r > 0 in `repeat:r`, so `--repeat`'s determinism report measures how often
+    a randomised task disagrees across seeds. Derived where the run is driven (a
+    cluster's nodes are sent it), so every node draws alike."""
+    if task.kind is not TaskKind.FUNCTION:
+        return None
+    code = answer(task, sample)
+    assert isinstance(code, str)
+    return derive_seed(task.task_id, code, FINAL if repeat == 0 else f"repeat:{repeat}")
 
 
 def _row(sample: EvalSample, grades: list[Grade],
@@ -272,15 +286,18 @@ class Evaluator:
                 future.set_exception(e)
         return await references[task.task_id]
 
-    async def attempt(self, sample: EvalSample) -> tuple[Grade, Reference]:
-        """Grade one attempt of a sample that `check` accepted; with the reference
-        measurements the grade was made against (the row's efficiency and memory scores
-        need them again)."""
+    async def attempt(self, sample: EvalSample, repeat: int = 0,
+                      seed: int | None = None) -> tuple[Grade, Reference]:
+        """Grade one attempt (`repeat`) of a sample that `check` accepted; with the
+        reference measurements the grade was made against (the row's efficiency and
+        memory scores need them again). `seed`: default `attempt_seed`."""
         task = self.tasks[sample.task_id]
-        judge = functools.partial(grade, task, answer(task, sample), self.pool, config=self.config,
-                                  stdio_config=self.stdio_config,
+        if seed is None:
+            seed = attempt_seed(task, sample, repeat)
+        judge = functools.partial(grade, task, answer(task, sample), self.pool,
+                                  config=self.config, stdio_config=self.stdio_config,
                                   repo_config=self.repo_config,
-                                  language=sample.language)
+                                  language=sample.language, seed=seed)
         if task.kind is TaskKind.FUNCTION:  # a shared trusted harness session
             harness = await self.harnesses.get()
             try:
@@ -368,8 +385,8 @@ async def evaluate(tasks: dict[str, Task],
             assert isinstance(sample, EvalSample)
             grades = []
             reference = Reference()
-            for _ in range(repeat):
-                grade, reference = await ev.attempt(sample)
+            for r in range(repeat):
+                grade, reference = await ev.attempt(sample, r)
                 grades.append(grade)
             row = await ev.row(sample, grades, reference)
         done += 1

@@ -150,7 +150,7 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
         payload: dict[str, Any] = ctx.payload  # type: ignore[assignment]
         sample = samples[payload["sample"]]
         assert isinstance(sample, EvalSample)
-        grade, reference = await evaluator.attempt(sample)
+        grade, reference = await evaluator.attempt(sample, payload["repeat"])
         await ctx.record_grade({"grade": grade, "reference": reference})
         info.graded_now += 1
         done += 1
