@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tests.conftest import load_scaled  # noqa: E402
 from tests.cluster.test_ray_cluster import (  # noqa: E402
     ROOT,
     driving,
@@ -198,7 +199,8 @@ def test_a_wedged_server_is_killed_and_its_chunk_answered_elsewhere(
             open(f"{flag}-{wedged['pid']}", "w").close()
             t0 = time.monotonic()
             assert ids(await fleet.policy(0, seed=5).generate(PROMPTS, **KW)) == want
-            assert 3 <= time.monotonic() - t0 < 60
+            # its call_timeout_s=3 first; ends at all: a bound, scaled by the host's load
+            assert 3 <= time.monotonic() - t0 < load_scaled(60)
             assert fleet.lost == 1 and fleet.chunks_rerun == 1
             deadline = time.monotonic() + 90  # its unit freed by the kill: replaced
             while len(fleet.live) < 2:

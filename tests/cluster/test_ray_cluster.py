@@ -27,6 +27,7 @@ ray = pytest.importorskip("ray")  # the dev extra installs it; `pip install tria
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tests.conftest import load_scaled  # noqa: E402
 from tests.schedule.journal_checks import check_journal  # noqa: E402
 from trialbox.cluster.backend import (  # noqa: E402
     ClusterConfig,
@@ -233,7 +234,7 @@ def test_bad_input_is_refused_and_nothing_is_left_started(cluster: Cluster,
         with pytest.raises(ClusterUnreachable, match="no Ray cluster at --address "
                            "127.0.0.1:1.*ray start --head"):
             await RayBackend(ClusterConfig(address="127.0.0.1:1")).start()
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < load_scaled(10)  # a wall bound, load-scaled
 
         free = all_nodes_free()
         async with RayBackend(config(cluster, min_nodes=2)) as b:
