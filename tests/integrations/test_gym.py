@@ -109,7 +109,7 @@ def test_garbage_collection_releases_the_session() -> None:
 class _Broken(Grader):
     """The real pool, but every grading is an infrastructure failure."""
 
-    async def grade(self, task: Task, completion: str) -> Grade:
+    async def grade(self, task: Task, completion: str, seed: int | None = None) -> Grade:
         return Grade(task.task_id, Outcome.INFRA, message="forced by the test")
 
 

@@ -75,3 +75,30 @@ def test_rows_without_a_task_say_what_is_missing() -> None:
             env.reset(prompt="…")
         with pytest.raises(UsageError, match="reset\\(\\*\\*row\\) first"):
             env.run_tests("x")
+
+
+def test_checking_until_accepted_is_no_oracle_the_reward_is_one_final_grading() -> None:
+    """`run_tests` grades with the turn-domain seed of the code; `get_reward` grades the
+    last checked answer once more with the final-domain seed no check saw
+    (judge/seeds.py): a judge lucky on the checks' draws only gives reward 0."""
+    from trialbox.judge.seeds import FINAL, TURN, derive_seed
+    from trialbox.types import Grade, Outcome
+
+    seen: list[int | None] = []
+
+    class LuckyOnChecks:
+        async def grade(self, task, completion, seed=None):  # type: ignore[no-untyped-def]
+            seen.append(seed)
+            ok = seed == derive_seed(task.task_id, completion, TURN)
+            return Grade(task.task_id, Outcome.PASSED if ok else Outcome.FAILED)
+
+    with ThreadedGrader(grader=LuckyOnChecks()) as grader:  # type: ignore[arg-type]
+        env = TrialboxToolEnv("humaneval", grader=grader)
+        env.reset(task=ROW)
+        code = "def inc(x):\n    return x + 1\n"
+        assert env.run_tests(code) == "The solution is accepted."
+        assert env.get_reward() == 0.0
+        answer = env._answer
+        assert answer is not None and answer.startswith("\n" + code)
+        assert seen == [derive_seed("inline/inc", answer, TURN),
+                        derive_seed("inline/inc", answer, FINAL)]

@@ -142,8 +142,7 @@ def test_stopping_at_a_pass_is_no_oracle_the_final_grading_is_the_reward():
     pass the turn's seed and fail the final one (a rare-wrong answer, lucky once) gives
     reward 0, and the episode still ends: no second chance to sample the hidden tests.
     Every turn's seed is derived from the code, so resubmitting it draws the same."""
-    from trialbox.judge.seeds import FINAL, TURN, derive_seed
-    from trialbox.rollout.agent import TURN_PASS_ONLY
+    from trialbox.judge.seeds import FINAL, TURN, TURN_PASS_ONLY, derive_seed
 
     seen: list[tuple[str, int | None]] = []
 

@@ -24,6 +24,7 @@ from trialbox.judge.answer import answer_of
 from trialbox.judge.evaluate import reward_of
 from trialbox.judge.function import JudgeConfig, judge_pool_config, open_harness
 from trialbox.judge.grade import grade
+from trialbox.judge.seeds import seed_of
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.pool import CellPool
@@ -37,6 +38,15 @@ __all__ = ["Grader", "GraderConfig", "GradeFn", "LoopThread", "ThreadedGrader", 
 
 class GradeFn(Protocol):
     def grade(self, task: Task, completion: str) -> Awaitable[Grade]: ...
+
+
+def grade_seeded(grader: GradeFn, task: Task, completion: str,
+                 seed: int | None) -> Awaitable[Grade]:
+    """`grader.grade`, with `seed` for the tests' random draws when one is given (a
+    `GradeFn` need not take one: the judge then derives the final-domain seed)."""
+    if seed is None:
+        return grader.grade(task, completion)
+    return grader.grade(task, completion, seed=seed)  # type: ignore[call-arg]
 
 
 @dataclass(frozen=True)
@@ -89,10 +99,11 @@ class Grader:
                     judge_pool_config(warm=2 * self.config.workers)).start()
         return self._pool
 
-    async def grade(self, task: Task, completion: str) -> Grade:
+    async def grade(self, task: Task, completion: str, seed: int | None = None) -> Grade:
         """The trusted grade of `completion` (function tasks: appended to the prompt;
-        stdio tasks: the whole program; `judge.grade.grade`). A sandbox that cannot be
-        had is an INFRA grade."""
+        stdio tasks: the whole program; `judge.grade.grade`), its tests' random draws
+        seeded with `seed` (default: judge/seeds.py's final domain). A sandbox that
+        cannot be had is an INFRA grade."""
         if task.kind not in (TaskKind.FUNCTION, TaskKind.STDIO):
             raise UsageError(f"{task.task_id}: the integrations grade function and "
                              f"stdio tasks, not {task.kind.value!r} ones")
@@ -110,7 +121,7 @@ class Grader:
                 return Grade(task.task_id, Outcome.INFRA, message=f"the judge's sandbox: {e}")
             try:
                 return await grade(task, completion, pool, config=self.config.judge,
-                                   harness=harness)
+                                   harness=harness, seed=seed)
             finally:
                 self._harnesses.append(harness)
 
@@ -168,9 +179,15 @@ class ThreadedGrader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def grade_all(self, pairs: list[tuple[Task, str]]) -> list[Grade]:
+    def grade_all(self, pairs: list[tuple[Task, str]],
+                  domain: str | None = None) -> list[Grade]:
+        """The grades of (task, completion) pairs, concurrently; `domain`: the seeds'
+        (judge/seeds.py; default the judge's own, the final domain)."""
         async def all_() -> list[Grade]:
-            return list(await asyncio.gather(*(self.grader.grade(t, c) for t, c in pairs)))
+            return list(await asyncio.gather(*(
+                grade_seeded(self.grader, t, c,
+                             None if domain is None else seed_of(t, c, domain))
+                for t, c in pairs)))
         return self.thread.call(all_())
 
     def close(self) -> None:

@@ -38,11 +38,14 @@ from trialbox.integrations.grader import (
     GraderConfig,
     LoopThread,
     answer_of,
+    grade_seeded,
     resolve_task,
     reward_of,
     task_index,
 )
-from trialbox.rollout.text import default_prompt, extract_code, feedback_report
+from trialbox.judge.answer import read_code
+from trialbox.judge.seeds import ends_episode, turn_grade
+from trialbox.rollout.text import default_prompt, feedback_report
 from trialbox.sandbox.languages import run_code
 from trialbox.sandbox.namespace import NamespaceSandbox
 from trialbox.types import ExecResult, ExecStatus, Grade, Limits, Task, TaskKind
@@ -139,16 +142,20 @@ class AsyncCodeEnv:
         task, cfg = self.task, self.config
         self.turn += 1
         last = self.turn >= cfg.max_turns
-        code, _ = extract_code(action)
+        code, _ = read_code(task, action, language=cfg.language)
         run: ExecResult | None = None
         grade: Grade | None = None
         if code is not None:  # the episode's own run and the judge's, concurrently
-            run, grade = await asyncio.gather(self._run(task, code),
-                                              self.grader.grade(task, answer_of(task, action)))
+            answer = answer_of(task, action, language=cfg.language)
+            run, grade = await asyncio.gather(self._run(task, code), turn_grade(
+                lambda seed: grade_seeded(self.grader, task, answer, seed), task, answer,
+                last=last))
         elif last:  # a last turn without code is graded as the empty answer
             grade = await self.grader.grade(task, "")
         passed = grade is not None and grade.passed
-        terminated, truncated = passed, last and not passed
+        # a turn's pass ends the episode; its reward is the final grading (seeds.py)
+        ended = grade is not None and ends_episode(grade)
+        terminated, truncated = ended, last and not ended
         value = reward_of(grade) if grade is not None else 0.0
         excluded = grade is not None and value is None
         if cfg.reward == "step" or terminated or truncated:

@@ -30,6 +30,7 @@ from trialbox.integrations.grader import (
     shared_grader,
     task_index,
 )
+from trialbox.judge.seeds import FINAL, TURN
 from trialbox.rollout.text import clip, exec_summary, feedback_report
 from trialbox.sandbox.languages import run_code
 from trialbox.sandbox.namespace import NamespaceSandbox
@@ -80,11 +81,13 @@ class TrialboxToolEnv:
 
     def get_reward(self) -> float | None:
         """The judge's reward for the last answer checked with `run_tests` (0.0 when none
-        was); ends the rollout and releases its session."""
+        was): graded once more, with the final-domain seed no `run_tests` saw
+        (judge/seeds.py) — checking until "accepted" cannot sample a randomised task's
+        hidden tests until lucky. Ends the rollout and releases its session."""
         task = self._require_task()
         try:
-            if self._grade is None:
-                self._grade = self._runner.grade_all([(task, self._answer or "")])[0]
+            self._grade = self._runner.grade_all([(task, self._answer or "")],
+                                                 domain=FINAL)[0]
             return reward_of(self._grade)
         finally:
             self._release()
@@ -122,10 +125,10 @@ class TrialboxToolEnv:
             return "Error: solution must be a string."
         self._answer = answer_of(task, f"```python\n{solution}\n```") \
             if "```" not in solution else answer_of(task, solution)
-        self._grade = self._runner.grade_all([(task, self._answer)])[0]
-        if self._grade.passed:
+        checked = self._runner.grade_all([(task, self._answer)], domain=TURN)[0]
+        if checked.passed:
             return "The solution is accepted."
-        return feedback_report(task, self._answer, None, self._grade, _OUTPUT_CHARS)
+        return feedback_report(task, self._answer, None, checked, _OUTPUT_CHARS)
 
     # ------------------------------------------------------------------ plumbing
 

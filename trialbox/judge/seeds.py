@@ -29,8 +29,11 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from trialbox.errors import UsageError
+from trialbox.types import Grade, Task, TaskKind
 
 FINAL = "final"
 """The domain of a grading that is the reward (eval's first repeat, the service, the
@@ -81,3 +84,41 @@ def derive_seed(task_id: str, code: str, domain: str = FINAL, *,
                       code.encode("utf-8", "surrogatepass")))
     digest = hmac.new(key if key is not None else secret(), msg, hashlib.sha256).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+TURN_PASS_ONLY = "passed-a-turn-only"
+"""The flag of a final grade that failed where its turn's grading passed (a randomised
+task's draws): the episode ends on it all the same."""
+
+
+def seed_of(task: Task, code: str, domain: str = FINAL) -> int | None:
+    """A function task's seed for `code` in `domain`; None for the other kinds (their
+    judges draw nothing at random)."""
+    return derive_seed(task.task_id, code, domain) if task.kind is TaskKind.FUNCTION \
+        else None
+
+
+async def turn_grade(judge: Callable[[int | None], Awaitable[Grade]], task: Task,
+                     code: str, *, last: bool) -> Grade:
+    """The grade of one turn of a multi-turn episode (the agent loop, the gym env, TRL's
+    tool env), `judge(seed)` grading `code`. The last turn is graded once in the final
+    domain: its grade is the reward whatever it says. An earlier turn is graded in the
+    turn domain, and a pass (which ends the episode) once more in the final domain, which
+    no turn saw; that grade is the turn's — else stopping at the first pass would sample
+    a randomised task's hidden tests until lucky (a deterministic task passes again). A
+    final grade that fails carries TURN_PASS_ONLY: the episode ends on it all the same,
+    the second grading is the reward, never a second chance."""
+    if last:
+        return await judge(seed_of(task, code, FINAL))
+    grade = await judge(seed_of(task, code, TURN))
+    if not (grade.passed and task.kind is TaskKind.FUNCTION):
+        return grade
+    final = await judge(seed_of(task, code, FINAL))
+    return final if final.passed else replace(
+        final, flags=tuple(sorted({*final.flags, TURN_PASS_ONLY})))
+
+
+def ends_episode(grade: Grade) -> bool:
+    """Whether a turn's grade ends its episode as a pass would (a pass, or a turn's pass
+    that the final grading did not confirm)."""
+    return grade.passed or TURN_PASS_ONLY in grade.flags

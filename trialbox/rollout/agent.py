@@ -41,7 +41,7 @@ from trialbox.judge.answer import read_code
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade
 from trialbox.judge.reward import RewardSpec, reward
-from trialbox.judge.seeds import FINAL, TURN, derive_seed
+from trialbox.judge.seeds import FINAL, ends_episode, seed_of, turn_grade
 from trialbox.judge.stdio import StdioJudgeConfig
 from trialbox.rollout.policy import Generation, Policy
 from trialbox.rollout.prepare import GroupLeaser, Prepare, prepare_groups
@@ -417,17 +417,10 @@ def _completion(code: str, code_from: str) -> str:
     return ("\n" + code) if code_from == "fenced" else code
 
 
-def _seed(task: Task, completion: str, domain: str) -> int | None:
-    """A function task's seed in `domain` (the other judges draw nothing at random)."""
-    return derive_seed(task.task_id, completion, domain) \
-        if task.kind is TaskKind.FUNCTION else None
-
-
-async def _judge(env: _Env, task: Task, completion: str, domain: str = FINAL) -> Grade:
-    """The trusted judge's grade, its random draws from `domain` (judge/seeds.py). The
-    judges retry infrastructure failures they see in results; one raised as an
-    exception (a sandbox that cannot be had) is INFRA too."""
-    seed = _seed(task, completion, domain)
+async def _judge(env: _Env, task: Task, completion: str, seed: int | None) -> Grade:
+    """The trusted judge's grade, its tests' random draws seeded with `seed`
+    (judge/seeds.py). The judges retry infrastructure failures they see in results; one
+    raised as an exception (a sandbox that cannot be had) is INFRA too."""
     try:
         if env.grader is not None:
             return await env.grader(task, completion, seed)
@@ -454,41 +447,27 @@ async def _environment(env: _Env, episode_id: str, task: Task, code: str | None,
     is the last, so the reward still comes from the judge. The last turn is graded in
     the final domain (its grade is the reward whatever it says), the others in the
     turn domain (judge/seeds.py)."""
-    domain = FINAL if last else TURN
     if code is None and not last:
         return None, None
     async with env.slot(episode_id):
         env.busy.enter()
         try:
             if code is None:
-                return None, await _judge(env, task, "", domain)
+                return None, await _judge(env, task, "", seed_of(task, "", FINAL))
             completion = _completion(code, code_from)
             if not env.cfg.execute:
-                return None, await _final(env, task, completion, domain)
+                return None, await _final(env, task, completion, last)
             run, grade = await asyncio.gather(_run_in_session(env, episode_id, task, code),
-                                              _final(env, task, completion, domain))
+                                              _final(env, task, completion, last))
             return run, grade
         finally:
             env.busy.leave()
 
 
-async def _final(env: _Env, task: Task, completion: str, domain: str) -> Grade:
-    """A turn's grade. A pass in the turn domain ends the episode, so it is graded once
-    more in the final domain, which no turn saw (judge/seeds.py), and that grade is the
-    turn's — else stopping at the first pass would sample a randomised task's hidden
-    tests until lucky (a deterministic task passes again). The episode ends either way:
-    the second grading is the reward, never a second chance."""
-    grade = await _judge(env, task, completion, domain)
-    if domain == TURN and grade.passed and task.kind is TaskKind.FUNCTION:
-        final = await _judge(env, task, completion, FINAL)
-        return final if final.passed else replace(final, flags=tuple(sorted(
-            {*final.flags, TURN_PASS_ONLY})))
-    return grade
-
-
-TURN_PASS_ONLY = "passed-a-turn-only"
-"""The flag of a final grade that failed where its turn's grading passed (a randomised
-task's draws): the episode ends on it all the same."""
+async def _final(env: _Env, task: Task, completion: str, last: bool) -> Grade:
+    """A turn's grade, in the turn or final domain (`seeds.turn_grade`)."""
+    return await turn_grade(lambda seed: _judge(env, task, completion, seed), task,
+                            completion, last=last)
 
 
 async def _episode(env: _Env, task: Task, prompt_ids: tuple[int, ...], episode_id: str,
@@ -539,7 +518,7 @@ async def _episode_body(env: _Env, task: Task, prompt_ids: tuple[int, ...],
                 # judge's grade ends the episode; no exclusion. (A session lost with its
                 # cluster node is proven already: no control, excluded below.)
                 stop_reason = "session_broken"
-            elif g is not None and (g.passed or TURN_PASS_ONLY in g.flags):
+            elif g is not None and ends_episode(g):
                 stop_reason = "passed"  # the judge's word stands, whatever the run
             elif infra or (g is not None and g.outcome is Outcome.INFRA):
                 # The judge or the episode's own session failed: its feedback would be
