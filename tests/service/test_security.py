@@ -186,11 +186,13 @@ def test_busy_session_wait_counts_against_the_deadline(server: Server) -> None:
         sid = a.post("/v1/sessions", json={}).json()["session_id"]
         try:
             first: list[httpx.Response] = []
+            nap = load_scaled(2)  # the run stays in flight through the checks below
             t = _post_async(a, f"/v1/sessions/{sid}/run",
-                            {"code": "import time; time.sleep(2); print('first')"}, first)
+                            {"code": f"import time; time.sleep({nap}); print('first')"},
+                            first)
             assert wait_for(lambda: b.get("/v1/status").json()["admission"]["running"] >= 1)
-            # Reading the session does not wait for the run.
-            assert b.get(f"/v1/sessions/{sid}", timeout=1).json()["files"] == ["main.py"]
+            # Reading the session does not wait for the run (that would take its nap).
+            assert b.get(f"/v1/sessions/{sid}", timeout=nap / 2).json()["files"] == ["main.py"]
             r = b.post(f"/v1/sessions/{sid}/exec", json={"argv": ["true"]},
                        headers={"X-Deadline-S": "0.5"})
             assert r.status_code == 504 and "busy" in r.json()["message"], r.text
