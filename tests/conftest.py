@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -36,6 +36,18 @@ def load_scaled(seconds: float) -> float:
     """
     per_core = os.getloadavg()[0] / len(os.sched_getaffinity(0))
     return seconds * TIME_SCALE * max(1.0, per_core)
+
+
+async def eventually(holds: Callable[[], bool], seconds: float, every: float = 0.02) -> bool:
+    """Poll `holds()` until it is true or `load_scaled(seconds)` have passed; its last
+    value. For waits on background work (a refill, a flush, an answer arriving late):
+    they end as soon as it holds, and a loaded host gets them longer."""
+    deadline = time.monotonic() + load_scaled(seconds)
+    while not holds():
+        if time.monotonic() >= deadline:
+            return holds()
+        await asyncio.sleep(every)
+    return True
 
 
 class Runner:
@@ -91,8 +103,8 @@ class Runner:
 
     def assert_no_leaks(self, timeout: float = 5.0) -> None:
         """No sandbox process alive, no stray cgroup, no session mount left (polls: the
-        cgroup janitor works in the background)."""
-        deadline = time.monotonic() + timeout
+        cgroup janitor works in the background; `timeout` is load-scaled)."""
+        deadline = time.monotonic() + load_scaled(timeout)
         while True:
             procs, cgs, mnts = (self.sandbox_processes(), self.stray_cgroups(),
                                 self.session_mounts())

@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray")  # the dev extra installs it; `pip install tria
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from tests.conftest import load_scaled  # noqa: E402
+from tests.conftest import eventually, load_scaled  # noqa: E402
 from tests.schedule.journal_checks import check_journal  # noqa: E402
 from trialbox.cluster.backend import (  # noqa: E402
     ClusterConfig,
@@ -512,10 +512,7 @@ def test_cut_off_node_is_fenced_and_its_late_answers_discarded(
 
             db = str(tmp_path / "cut.db")
             results, answers = await run_tasks(be, db, 24, during=freeze)
-            for _ in range(100):
-                if be.placer.stats.late_discarded >= 2:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: be.placer.stats.late_discarded >= 2, 5)
             assert be.placer.stats.late_discarded >= 2  # they arrived, and were dropped
             assert all(s == "done" for s, _ in results.values())
             assert all(x["node"] != nid(f) or x["started"] < frozen_at[0]

@@ -6,7 +6,6 @@ so each test finishes in a second or two.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 
 from trialbox.sandbox import NamespaceSandbox, PoolConfig, run_code
 from trialbox.types import ExecResult, ExecStatus, Limits
-from tests.conftest import TIME_SCALE, Runner
+from tests.conftest import TIME_SCALE, Runner, eventually
 
 KiB = 1024
 FAST = Limits(wall_s=3 * TIME_SCALE, cpu_s=3 * TIME_SCALE, memory_mb=128, disk_mb=32,
@@ -72,12 +71,7 @@ def no_leaks(runner: Any) -> None:
     would read as a stray cgroup. Settling first keeps the check exact: any process,
     cgroup or mount still there afterwards is a real leak.
     """
-    async def settle() -> None:
-        for _ in range(250):
-            if not runner.pool._warming:
-                return
-            await asyncio.sleep(0.02)
-    runner.run(settle())
+    runner.run(eventually(lambda: not runner.pool._warming, 5))
     runner.assert_no_leaks()
 
 

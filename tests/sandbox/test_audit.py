@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Runner
+from tests.conftest import Runner, eventually
 from trialbox.errors import UsageError
 from trialbox.sandbox import PoolConfig
 from trialbox.sandbox.audit import (AuditConfig, AuditLog, audit_task, audited, query,
@@ -114,10 +114,7 @@ def test_the_writer_flushes_without_close(tmp_path: Path) -> None:
         for _ in range(3):
             async with await provider.open() as sb:
                 await sb.exec(["true"])
-        for _ in range(100):
-            if log.written == 3:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: log.written == 3, 2)
 
     asyncio.run(body())
     assert len(read_lines := Path(path).read_text().splitlines()) == 3, read_lines

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.conftest import eventually
 from tests.sandbox.conftest import processes_in_cgroup
 from trialbox.sandbox import CellPool, NamespaceSandbox, PoolConfig
 from trialbox.sandbox.mounts import mounts_under
@@ -25,11 +26,7 @@ def test_pool_keeps_cells_warm_and_grows_with_demand(runner):
     pool = runner.pool
 
     async def body():
-        for _ in range(100):  # let the refill settle
-            if pool.ready_count >= pool.config.warm:
-                break
-            await asyncio.sleep(0.02)
-        assert pool.ready_count >= pool.config.warm
+        assert await eventually(lambda: pool.ready_count >= pool.config.warm, 2)  # refilled
         sessions = [await NamespaceSandbox.open(pool, FAST) for _ in range(6)]
         results = await asyncio.gather(*(sb.exec(["python3", "-c", "print(7)"])
                                          for sb in sessions))
@@ -37,10 +34,7 @@ def test_pool_keeps_cells_warm_and_grows_with_demand(runner):
         assert pool.target() >= 6, "six sessions at once: the pool aims for six warm cells"
         for sb in sessions:
             await sb.close()
-        for _ in range(200):
-            if pool.ready_count >= 6:
-                break
-            await asyncio.sleep(0.02)
+        await eventually(lambda: pool.ready_count >= 6, 4)
         return pool.ready_count
     assert runner.run(body()) >= 6
     runner.assert_no_leaks()

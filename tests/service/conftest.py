@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import load_scaled
 from tests.sandbox.conftest import processes_in_cgroup
 
 LISTENING = "trialbox serve: listening on "
@@ -70,7 +71,8 @@ def pool_processes(server_pid: int) -> list[int]:
 
 
 def wait_for(pred: Any, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
+    """Poll `pred()` until true or `load_scaled(timeout)` passed; its last value."""
+    end = time.monotonic() + load_scaled(timeout)
     while time.monotonic() < end:
         if pred():
             return True
