@@ -4,11 +4,13 @@ Each attack is a program a reward-hacking policy could write: it breaks the judg
 machinery from inside its own sandbox when it is about to fail. Every one of them ended
 `infra` or `error` (excluded) before issue 14; now each is the candidate's outcome —
 failed, timeout or cheat, reward 0, never retried — and the machinery is proven healthy
-by a control when it cannot tell at once (retry.py). docs/adversary.md, section A.
+by a control when it cannot tell at once (retry.py). An anti-cheat flag changes none of
+this (issue 27): it is recorded, and the control decides. docs/adversary.md, section A.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Iterator
 
@@ -16,8 +18,9 @@ import pytest
 
 from tests.judge.conftest import JudgeRunner
 from trialbox.judge.evaluate import evaluate, reward_of
+from trialbox.judge.anticheat import Flag, noted
 from trialbox.judge.function import JudgeConfig, _with_flags, judge_function, open_harness
-from trialbox.judge.repo import _with_flags as repo_with_flags
+from trialbox.judge.retry import SELF_INFLICTED, Control, with_infra_retries
 from trialbox.judge.stdio import StdioJudgeConfig, judge_stdio
 from trialbox.judge.stdio import _with_flags as stdio_with_flags
 from trialbox.sandbox.languages import language
@@ -204,37 +207,50 @@ def test_an_answer_fed_back_one_level_too_deep_is_the_candidates_failure(runner)
     assert said(g, "passed back"), (g.message, g.tests)
 
 
-# -- a cheat flag is never excluded ----------------------------------------------------
+# -- a flag neither buys nor blocks an exclusion -------------------------------------
 
-def test_a_cheat_flag_overrides_an_exclusion_in_every_judge():
+def test_a_flag_neither_buys_nor_blocks_an_exclusion_in_every_judge():
     """An attempt that tampered with the judge's descriptor (fd-tamper) and also ended
-    `infra` or `error` is a cheat (reward 0), in the function, stdio and repository
-    judges alike. Before: the exclusion won, reward None."""
+    `infra` or `error`, in the function, stdio and repository judges alike: the flag is
+    recorded and changes nothing — the control decides, as for any attempt. The
+    machinery proven healthy, it is the candidate's failure: reward 0, no second try.
+    Before issue 14 the exclusion won (reward None); before issue 27 the flag alone made
+    it CHEAT, as it made a correct program with the same shape."""
     task = square_task()
     source = "    import os\n    os.write(3, b'x')\n    return x * x\n"
     rc = ExecResult(ExecStatus.OK, exit_code=0)
+
+    async def healthy() -> Control:
+        return Control(True, "the reference solution: passed (2/2 tests passed)")
+
     for outcome in (Outcome.INFRA, Outcome.ERROR):
-        g = _with_flags(Grade(task.task_id, outcome, message="harness died"), task, source, rc)
-        assert g.outcome is Outcome.CHEAT and "fd-tamper" in g.flags, (outcome, g)
-        g = stdio_with_flags(Grade("s/1", outcome), "import os\nos.write(3, b'x')\n",
-                             language("python"), [rc])
-        assert g.outcome is Outcome.CHEAT and "fd-tamper" in g.flags, (outcome, g)
-        from trialbox.judge.anticheat import Flag
-        g = repo_with_flags(Grade("r/1", outcome), [Flag("fd-tamper", "line 2: os.write")])
-        assert g.outcome is Outcome.CHEAT and reward_of(g) == 0.0, (outcome, g)
+        for g in (_with_flags(Grade(task.task_id, outcome, message="harness died"), task,
+                              source, rc),
+                  stdio_with_flags(Grade("s/1", outcome), "import os\nos.write(3, b'x')\n",
+                                   language("python"), [rc]),
+                  noted(Grade("r/1", outcome), [Flag("fd-tamper", "line 2: os.write")])):
+            assert g.outcome is outcome and "fd-tamper" in g.flags, (outcome, g)
+
+            async def attempt(g: Grade = g) -> Grade:
+                return g
+            done = asyncio.run(with_infra_retries(attempt, 2, g.task_id, healthy))
+            assert done.outcome is Outcome.FAILED and done.attempts == 1, (outcome, done)
+            assert {"fd-tamper", SELF_INFLICTED} <= set(done.flags), done.flags
+            assert reward_of(done) == 0.0
 
 
-def test_a_flagged_attempt_that_breaks_the_harness_is_a_cheat_end_to_end(runner):
+def test_a_flagged_attempt_that_breaks_the_harness_is_its_own_failure_end_to_end(runner):
     """End to end: the colliding tuples hang the harness, and the source writes to fd 3
-    (fd-tamper): CHEAT at once — no control, no retry, reward 0."""
+    (fd-tamper, notable): the control (the reference) passes on the same machinery, so
+    it is the candidate's failure — no retry, reward 0, both flags recorded."""
     completion = "    import os\n    os.write(3, b'')\n    return PAIRS\n" + COLLIDING_PAIRS
     task = Task("adv/points", TaskKind.FUNCTION, "def points(n):\n", entry_point="points",
                 canonical_solution="    return [[i, i] for i in range(n)]\n",
                 hidden_tests=(TestCase(
                     "test_0", "pts = candidate(4)\nassert len({tuple(p) for p in pts}) == 4"),))
     g = judge(runner, task, completion)
-    assert g.outcome is Outcome.CHEAT and g.attempts == 1 and reward_of(g) == 0.0, (
-        g.outcome, g.attempts, g.message)
+    assert_scored_zero(g)
+    assert {"fd-tamper", SELF_INFLICTED} <= set(g.flags), (g.outcome, g.flags, g.message)
 
 
 # -- the failure oracle ----------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Anti-cheat detection: each known trick fires its detector (aliased and obfuscated
 forms included), and ordinary code, all 164 HumanEval reference solutions among it,
-fires no cheat detector."""
+fires no attack detector. A flag is never a verdict (`noted`); what each judge makes of
+flags on real runs is in tests/judge/test_evidence.py."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ import pytest
 
 from trialbox.errors import UsageError
 from trialbox.judge.anticheat import (
-    CHEAT_DETECTORS,
-    NOTABLE_DETECTORS,
+    ATTACK_DETECTORS,
+    POWER_DETECTORS,
     Flag,
+    attack_shaped,
+    canary_check,
     dynamic_scan,
-    is_cheat,
+    noted,
     static_scan,
 )
+from trialbox.judge.reward import RewardSpec, reward
 from trialbox.judge.resolver import walk
 from trialbox.store.tasks import load_humaneval
+from trialbox.types import Grade, Outcome, Task, TaskKind, TestResult
 
 
 def detectors(source: str, prefix: str = "") -> set[str]:
@@ -160,7 +165,7 @@ OBFUSCATED = {
 
 def test_there_are_enough_cheats() -> None:
     assert len(CHEATS) >= 30
-    assert {d for d, _ in CHEATS.values()} >= CHEAT_DETECTORS
+    assert {d for d, _ in CHEATS.values()} >= ATTACK_DETECTORS
 
 
 @pytest.mark.parametrize("name", sorted(CHEATS))
@@ -270,14 +275,14 @@ def test_pathological_code_is_scanned_quickly() -> None:
 HUMANEVAL = load_humaneval()
 
 
-def test_humaneval_canonical_solutions_raise_no_cheat_flag() -> None:
+def test_humaneval_canonical_solutions_raise_no_attack_flag() -> None:
     assert len(HUMANEVAL) == 164
     cheats, notable = {}, {}
     for task in HUMANEVAL:
         source = task.prompt + task.canonical_solution
         for prefix in (task.prompt, ""):  # the prompts themselves are clean too
             flags = static_scan(source, trusted_prefix=prefix)
-            if is_cheat(flags):
+            if attack_shaped(flags):
                 cheats[task.task_id] = flags
             elif flags:
                 notable[task.task_id] = flags
@@ -399,18 +404,42 @@ def test_ordinary_code_raises_no_flag(name: str) -> None:
 
 
 def test_detector_sets() -> None:
-    assert not CHEAT_DETECTORS & NOTABLE_DETECTORS
+    assert not ATTACK_DETECTORS & POWER_DETECTORS
     assert {"frame-walk", "gc-introspection", "builtins-patch", "sys-modules-patch",
-            "exit-call", "fs-probe", "test-runner-output", "signal-tamper"} <= CHEAT_DETECTORS
-    assert {"subprocess", "network", "ctypes", "dynamic-code"} <= NOTABLE_DETECTORS
+            "exit-call", "fs-probe", "test-runner-output", "signal-tamper"} <= ATTACK_DETECTORS
+    assert {"subprocess", "network", "ctypes", "dynamic-code"} <= POWER_DETECTORS
     every = {d for d, _ in CHEATS.values()}
-    assert every <= CHEAT_DETECTORS | NOTABLE_DETECTORS
+    assert every <= ATTACK_DETECTORS | POWER_DETECTORS
 
 
-def test_is_cheat() -> None:
-    assert not is_cheat(())
-    assert not is_cheat([Flag("subprocess", "x"), Flag("network", "y")])
-    assert is_cheat([Flag("subprocess", "x"), Flag("frame-walk", "y")])
+def test_attack_shaped() -> None:
+    assert not attack_shaped(())
+    assert not attack_shaped([Flag("subprocess", "x"), Flag("network", "y")])
+    assert attack_shaped([Flag("subprocess", "x"), Flag("frame-walk", "y")])
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_a_flag_is_never_a_verdict(outcome: Outcome) -> None:
+    """Every detector's flag on a grade of every outcome: the flags are recorded, the
+    outcome, message and reward are the tests' — a pass stays a pass (reward 1), a
+    failure a failure (0), an exclusion an exclusion (None: the control decides)."""
+    g = Grade("t", outcome, (TestResult("a", outcome is Outcome.PASSED),), message="m",
+              flags=("self_inflicted_infra",))
+    flags = [Flag(d, "line 1: x") for d in sorted(ATTACK_DETECTORS | POWER_DETECTORS)]
+    n = noted(g, flags)
+    assert n.outcome is outcome and n.message == "m" and n.tests == g.tests
+    assert set(n.flags) == {"self_inflicted_infra", *ATTACK_DETECTORS, *POWER_DETECTORS}
+    assert reward(n, RewardSpec()) == reward(g, RewardSpec())
+    spec = RewardSpec(binary=False)
+    assert reward(n, spec, style=0.5) == reward(g, spec, style=0.5)
+    assert noted(g, ()) is g
+
+
+def test_only_a_canary_pass_is_evidence_here() -> None:
+    task = Task("c", TaskKind.FUNCTION, "def f():\n", entry_point="f", canary=True)
+    g = canary_check(noted(Grade("c", Outcome.PASSED), [Flag("frame-walk", "x")]), task)
+    assert g.outcome is Outcome.CHEAT and {"canary-passed", "frame-walk"} <= set(g.flags)
+    assert canary_check(Grade("c", Outcome.FAILED), task).outcome is Outcome.FAILED
 
 
 # --------------------------------------------------------------------------- exact findings
@@ -632,7 +661,7 @@ def test_forged_output_is_flagged(name: str) -> None:
     for out, err in ((FORGED_OUTPUT[name], b""), (b"", FORGED_OUTPUT[name])):
         flags = dynamic_scan(out, err)
         assert flags and {f.detector for f in flags} == {"test-runner-output"}, name
-        assert is_cheat(flags)
+        assert attack_shaped(flags)
 
 
 @pytest.mark.parametrize("out", [

@@ -185,7 +185,7 @@ def test_eval_grades_repo_and_stdio_rows(runner, tmp_path):
                                         runner.pool, workers=2, reward_spec=spec,
                                         repeat=2))
     rows = [r.to_dict() for r in rows]
-    good, wrong, cheat, stdio = rows
+    good, wrong, configured, stdio = rows
     assert good["outcome"] == "passed" and good["efficiency"] is not None
     assert good["memory"] is not None and good["reward"] > 0.7
     assert [t["name"] for t in good["tests"]] == ["tests/test_more.py::test_neg",
@@ -193,11 +193,15 @@ def test_eval_grades_repo_and_stdio_rows(runner, tmp_path):
     assert wrong["outcome"] == "failed" and wrong["efficiency"] is None
     assert [t["passed"] for t in wrong["tests"]] == [False, True]
     assert any("F401" in f for f in wrong["style_findings"]), wrong["style_findings"]
-    assert cheat["outcome"] == "cheat" and cheat["flags"] == ["conftest-injection"]
-    assert cheat["reward"] == 0.0
+    # A conftest.py of its own is stripped (the task's configuration is used): it cannot
+    # reach the evidence, so it is notable, and the unchanged tree fails by its tests.
+    assert configured["outcome"] == "failed", configured
+    assert configured["flags"] == ["conftest-injection"]
+    assert [t["passed"] for t in configured["tests"]] == [False, False]
+    assert configured["reward"] < good["reward"]
     assert stdio["outcome"] == "passed" and stdio["efficiency"] is not None
     assert summary["visible_hidden_gap"] is not None and summary["outcomes"] == {
-        "passed": 2, "failed": 1, "cheat": 1}
+        "passed": 2, "failed": 2}
     # Same tree, same outcome on the repeat (the weighted rewards themselves move with
     # timing noise through the efficiency score).
     assert all(r["repeats"][0]["outcome"] == r["outcome"] for r in rows)

@@ -8,8 +8,7 @@ import dataclasses
 
 import pytest
 
-from trialbox.judge.evaluate import evaluate
-from trialbox.judge.anticheat import BOUNDARY_DETECTORS
+from trialbox.judge.evaluate import evaluate, reward_of
 from trialbox.judge.function import JudgeConfig, judge_function
 from trialbox.store.tasks import load_humaneval
 from trialbox.types import Limits, Outcome
@@ -109,18 +108,15 @@ DETECTOR = {
 
 @pytest.mark.parametrize("cheat", sorted(CHEATS))
 def test_cheats_do_not_pass(runner, cheat):
+    """Every attack runs — no source is scored unrun — and fails by its own tests: they
+    run in the harness's process and only plain data crosses back, so none of these
+    reaches the evidence (an object returned is refused by the codec). Not passed,
+    reward 0, never excluded; its detector recorded, notable for the audit."""
     g = judge(runner, "HumanEval/0", CHEATS[cheat])
-    assert g.outcome is Outcome.CHEAT, (cheat, g.outcome, g.message)
-    assert DETECTOR[cheat] in g.flags and DETECTOR[cheat] in g.message, (cheat, g.flags)
-    if DETECTOR[cheat] in BOUNDARY_DETECTORS:  # judged by what its run returned
-        assert g.tests and "not run" not in g.message, g
-    else:  # scored from the source alone, unrun (the verdict no run could change)
-        assert not g.tests and g.seed is None and "not run" in g.message, g
-    # Defence in depth: run anyway, the machinery alone fails it too (by construction).
-    ran = judge(runner, "HumanEval/0", CHEATS[cheat],
-                dataclasses.replace(FAST, run_static_cheats=True))
-    assert ran.outcome is Outcome.CHEAT and ran.tests, ran
-    assert not all(t.passed for t in ran.tests), "the tests alone fail it too"
+    assert g.outcome not in (Outcome.PASSED, Outcome.INFRA, Outcome.ERROR), (cheat, g)
+    assert reward_of(g) == 0.0 and g.seed is not None, g
+    assert g.tests and not all(t.passed for t in g.tests), "the tests alone fail it"
+    assert DETECTOR[cheat] in g.flags, (cheat, g.flags)
     # and the honest solution of the same task still passes
     ok = judge(runner, "HumanEval/0", TASKS["HumanEval/0"].canonical_solution)
     assert ok.passed, ok

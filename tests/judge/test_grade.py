@@ -115,10 +115,18 @@ def test_infra_with_a_failing_control_is_retried_then_excluded():
     assert h.ran.count(TASK.prompt + WRONG) == 3 and h.ran.count(TASK.prompt + REFERENCE) == 3
 
 
-def test_a_static_cheat_is_scored_without_opening_a_sandbox():
-    provider = FakeProvider(FakeJudge())
-    g = asyncio.run(grade(TASK, "    import os\n    os._exit(0)\n", provider))
-    assert g.outcome is Outcome.CHEAT and provider.opened == []
+def test_a_flag_is_no_verdict_the_run_decides():
+    """Source that trips a detector (an exit call, never reached) is run like any other
+    — none is scored unrun — and the run decides: the correct one passes with the flag
+    recorded (notable), reward 1; a flagged one that breaks its session goes to the
+    control like any other and is its own failure (reward 0), never excluded."""
+    guarded = "    import os\n    if x is None:\n        os._exit(0)\n" + REFERENCE
+    g, h, _p = judged(guarded)
+    assert g.outcome is Outcome.PASSED and "exit-call" in g.flags, g
+    assert reward(g, RewardSpec()) == 1.0 and h.ran == [TASK.prompt + guarded]
+    g, h, _p = judged("    import os\n    os._exit(0)\n" + BREAKS)
+    assert g.outcome is Outcome.FAILED and {"exit-call", SELF_INFLICTED} <= set(g.flags), g
+    assert "the reference solution: passed" in g.message and reward(g, RewardSpec()) == 0.0
 
 
 # -- grade(): one entry point, the grader chosen by kind ------------------------------

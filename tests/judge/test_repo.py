@@ -1,8 +1,9 @@
 """Repository tasks judged for real: a grading sandbox, Debian's pytest run by the judge's
 own runner and plugin. A correct patch passes, a wrong one fails, and every
-repository-specific exploit is graded not-passed with the flag that names it. Several
-exploits are also hidden from the static scan (built at run time), to show the defence
-holds by construction, not only by detection."""
+repository-specific exploit is graded not-passed (reward 0) with the flag that names it:
+CHEAT only where the act was seen reaching the report (`EVIDENCE`), else notable.
+Several exploits are also hidden from the static scan (built at run time), to show the
+defence holds by construction, not only by detection."""
 
 from __future__ import annotations
 
@@ -53,13 +54,20 @@ def wrong_ops(extra: str) -> dict[str, str]:
     return {"calc/ops.py": extra + OPS.decode()}
 
 
+EVIDENCE = {"pytest-tamper", "verdict-differs", "canary-passed"}
+"""The flags that say an act reached the evidence (CHEAT); every other flag is notable."""
+
+
 def assert_not_passed(g, flag=None):
+    """Not passed, no test passed, reward 0, and `flag` recorded; CHEAT exactly when a
+    flag of `EVIDENCE` is there."""
     assert g.outcome is not Outcome.PASSED, g
     assert not any(t.passed for t in g.tests), g.tests
+    assert reward_of(g) == 0.0, g
+    assert (g.outcome is Outcome.CHEAT) == bool(EVIDENCE & set(g.flags)), (g.outcome,
+                                                                          g.flags, g.message)
     if flag is not None:
         assert flag in g.flags, (g.flags, g.message)
-        assert g.outcome is Outcome.CHEAT, (g.outcome, g.message)
-        assert reward_of(g) == 0.0
 
 
 def test_correct_patch_passes_with_visible_and_hidden_results(runner):
@@ -111,7 +119,7 @@ CONFTEST_ALL_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
                      "    rep.longrepr = None\n")
 
 
-@pytest.mark.parametrize("files,flag", [
+TREE_EXPLOITS = [
     ({"conftest.py": CONFTEST_ALL_PASS}, "conftest-injection"),
     ({"tests/conftest.py": CONFTEST_ALL_PASS}, "conftest-injection"),
     ({"pytest.ini": "[pytest]\naddopts = -p no:python --co\n"}, "test-config"),
@@ -122,18 +130,27 @@ CONFTEST_ALL_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
     ({"tests/test_ops.py": "def test_add():\n    assert True\n"}, "test-file-edit"),
     ({"tests/test_ops.py": None}, "test-file-edit"),
     ({"fractions.py": "class Fraction:\n    pass\n"}, "module-shadow"),
-], ids=["conftest", "tests-conftest", "pytest-ini-addopts", "pyproject-addopts", "pth",
-        "sitecustomize", "edit-test", "delete-test", "shadow-stdlib"])
+]
+"""Each tree flag's attack (the correct code of the same shape passes:
+tests/judge/test_evidence.py)."""
+
+
+@pytest.mark.parametrize("files,flag", TREE_EXPLOITS, ids=[
+    "conftest", "tests-conftest", "pytest-ini-addopts", "pyproject-addopts", "pth",
+    "sitecustomize", "edit-test", "delete-test", "shadow-stdlib"])
 def test_tree_exploits_are_stripped_and_flagged(runner, files, flag):
+    """Stripped or overridden before the run, so they cannot reach the evidence: the
+    wrong starting code fails by the trusted tests (reward 0), the flag notable."""
     g = judge(runner, files)  # the wrong starting code, plus the exploit
     assert_not_passed(g, flag)
+    assert g.outcome is Outcome.FAILED
 
 
 def test_exit_at_import_is_not_a_pass(runner):
     g = judge(runner, wrong_ops("import os\nos._exit(0)\n"))
     assert_not_passed(g, "exit-call")
-    # Hidden from the scan: graded CHEAT for the unreadable code (dynamic-code), and the
-    # runtime defence holds on its own: no end record, so nothing counts.
+    # Hidden from the scan (flagged dynamic-code, notable): the runtime defence holds on
+    # its own — no end record, so nothing counts.
     g = judge(runner, wrong_ops(hidden_from_scan("import os; os._exit(0)")))
     assert_not_passed(g, "dynamic-code")
     assert "did not collect" in g.message, g  # the candidate's process ended at import
@@ -152,7 +169,8 @@ def test_patching_pytest_internals_is_caught(runner):
     patch = ("import _pytest.python\n"
              "_pytest.python.Function.runtest = lambda self: None\n")
     g = judge(runner, wrong_ops(patch))
-    assert_not_passed(g, "pytest-tamper")
+    assert_not_passed(g, "pytest-internals")  # the trusted tier: it patched nothing
+    assert g.outcome is Outcome.FAILED  # that runs the tests
     # The same, hidden from the scan: on the trusted tier it patches a pytest that is
     # not running the tests; on the in-process tier the runner's integrity check sees it.
     hidden = wrong_ops(hidden_from_scan(patch.replace("\n", "; ", 1)))
@@ -213,6 +231,8 @@ FORGE = ("import os, sys\n"
          "os._exit(0)\n")
 """A protocol-aware forgery from inside the pytest process: passing records and an end
 record sent through the runner's own function, then exit."""
+FORGE_ALL = FORGE.replace("['tests/test_ops.py::test_add']", repr(sorted(ALL)))
+"""The same, for every test the task has (their names read at run time, say)."""
 
 
 def test_fake_output_hidden_from_the_scan_is_still_not_a_pass(runner):
@@ -222,23 +242,23 @@ def test_fake_output_hidden_from_the_scan_is_still_not_a_pass(runner):
     assert "test-runner-output" not in g.flags, g
 
 
-def test_a_forged_report_hidden_from_the_scan_is_a_cheat(runner):
-    """The residual risk of docs/judge.md: a protocol-aware forgery (passing records and
-    an end record through the runner's own function, then exit) hidden in exec of a
-    string built at run time. The runtime checks cannot tell it from a pass; the code
-    the scan cannot read is itself graded a cheat in repository tasks."""
-    g = judge(runner, wrong_ops(hidden_from_scan(FORGE)))
-    assert g.outcome is Outcome.CHEAT and "dynamic-code" in g.flags, (g.flags, g.message)
-    assert reward_of(g) == 0.0
-
-
-def test_a_forged_report_through_the_runner_module_is_flagged(runner):
-    """A protocol-aware forgery from inside the pytest process (send passing records and
-    an end record through the runner's own function, then exit) must name the runner's
-    module, which the scan flags. (Hidden beyond what the scan resolves, this is the
-    residual risk docs/judge.md describes.)"""
-    g = judge(runner, wrong_ops(FORGE))
-    assert g.outcome is Outcome.CHEAT and "fs-probe" in g.flags, (g.flags, g.message)
+@pytest.mark.parametrize("hidden", [False, True], ids=["named", "hidden-from-scan"])
+def test_a_forged_report_does_not_pass_on_either_tier(runner, hidden):
+    """A protocol-aware forgery (passing records and an end record through the runner's
+    own function, then exit), naming the runner's module (flagged fs-probe) or hidden in
+    exec of a string built at run time (flagged dynamic-code). On the trusted tier there
+    is no runner in its process: FAILED, the flag notable. On the in-process tier the
+    runtime checks cannot tell it from a pass (docs/judge.md, residual risk), so a
+    flagged pass is cross-checked on the trusted tier: it fails there, the act changed
+    the verdict — CHEAT, `verdict-differs`."""
+    answer = wrong_ops(hidden_from_scan(FORGE_ALL) if hidden else FORGE_ALL)
+    flag = "dynamic-code" if hidden else "fs-probe"
+    g = judge(runner, answer)
+    assert_not_passed(g, flag)
+    assert g.outcome is Outcome.FAILED
+    g = runner.run(judge_repo(TASK, answer, runner.pool, IN_PROCESS))
+    assert_not_passed(g, "verdict-differs")
+    assert flag in g.flags and "passed in-process" in g.message, g
 
 
 def test_the_tasks_own_conftest_is_used_and_the_candidates_is_not(runner):

@@ -1,6 +1,6 @@
 """Stdio judging in real sandboxes: right programs pass under every comparison mode, wrong
-ones, crashes and loops fail, cheats are caught, a broken checker is excluded, and
-`trialbox eval` grades stdio samples end to end."""
+ones, crashes and loops fail, probes fail by their output (flagged), a broken checker is
+excluded, and `trialbox eval` grades stdio samples end to end."""
 
 from __future__ import annotations
 
@@ -161,17 +161,20 @@ def test_right_output_then_non_zero_exit_fails(runner):
 def test_runner_text_on_stderr_does_not_pass(runner):
     g = judge(runner, SUM, "import sys\nprint('All tests passed', file=sys.stderr)\n"
                            "print(0)\n")
-    assert g.outcome in (Outcome.FAILED, Outcome.CHEAT) and reward_of(g) == 0.0
-    assert "test-runner-output" in g.flags
+    assert g.outcome is Outcome.FAILED and reward_of(g) == 0.0
+    assert "test-runner-output" in g.flags  # notable: stderr is never evidence
 
 
 @pytest.mark.parametrize("source,detector", [
     ("print(open('/proc/self/status').read()[:0] + '3')\n", "fs-probe"),
     ("import sys\nf = sys._getframe(0)\nprint(f.f_back)\n", "frame-walk"),
 ], ids=["proc", "frames"])
-def test_probes_and_frame_walks_are_cheats(runner, source, detector):
+def test_probes_and_frame_walks_fail_by_their_output(runner, source, detector):
+    """A probe cannot reach stdout's comparison, made outside the sandbox: the wrong
+    output fails (reward 0), the detector is recorded as notable (the correct code of
+    the same shape passes: tests/judge/test_evidence.py)."""
     g = judge(runner, SUM, source)
-    assert g.outcome is Outcome.CHEAT and detector in g.flags and detector in g.message
+    assert g.outcome is Outcome.FAILED and detector in g.flags, g
     assert reward_of(g) == 0.0
 
 

@@ -82,10 +82,10 @@ def test_canonical_solutions_pass_and_exploits_do_not(tier: TierRunner,
         {"task_id": t, "completion": tasks[t].canonical_solution} for t in CANONICAL]
     samples += [{"task_id": t, "completion": exploit_completion(name, tasks[t])}
                 for t, name in EXPLOITS]
-    # The exploits run (not scored from their source alone): the machinery of this tier
-    # must fail them by itself; the flags still make them CHEAT.
+    # The exploits run like every attempt: the machinery of this tier must fail them by
+    # itself; their flags are recorded (notable), never a verdict.
     rows, summary = tier.run(evaluate(tasks, samples, tier.provider, workers=2,
-                                      config=JudgeConfig(run_static_cheats=True)))
+                                      config=JudgeConfig()))
     rows = [r.to_dict() for r in rows]
     assert isinstance(rows, list)
     canon, exploits = rows[:len(CANONICAL)], rows[len(CANONICAL):]
@@ -94,7 +94,8 @@ def test_canonical_solutions_pass_and_exploits_do_not(tier: TierRunner,
     assert all(r["tests"] and all(t["passed"] for t in r["tests"]) for r in canon)
     for r, (_t, name) in zip(exploits, EXPLOITS, strict=True):
         assert not r["passed"] and r["reward"] == 0.0, (name, r["outcome"], r["message"])
-        assert r["outcome"] == "cheat", (name, r["outcome"], r["message"][:300])
+        assert r["outcome"] not in ("infra", "error") and r["flags"], (
+            name, r["outcome"], r["flags"], r["message"][:300])
         assert not r["tests"] or not all(t["passed"] for t in r["tests"]), (name, r["tests"])
 
 

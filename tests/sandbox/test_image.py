@@ -263,7 +263,7 @@ def test_the_namespace_tier_runs_the_image_and_refuses_it_once_tampered(image):
     run(body())
 
 
-def test_humaneval_canonical_solutions_pass_on_the_image_and_cheats_are_caught(image):
+def test_humaneval_canonical_solutions_pass_on_the_image_and_cheats_fail(image):
     from tests.judge.test_function import CHEATS, DETECTOR, FAST
     from trialbox.judge.evaluate import evaluate
     from trialbox.judge.function import judge_pool_config
@@ -285,10 +285,11 @@ def test_humaneval_canonical_solutions_pass_on_the_image_and_cheats_are_caught(i
     rows = [r.to_dict() for r in rows]
     assert [r["outcome"] for r in rows[:len(ids)]] == ["passed"] * len(ids), rows
     for r, c in zip(rows[len(ids):], cheats, strict=True):
-        assert r["outcome"] == "cheat" and DETECTOR[c] in r["flags"], (c, r)
+        assert r["outcome"] == "failed" and r["reward"] == 0.0, (c, r)
+        assert DETECTOR[c] in r["flags"], (c, r)  # notable: the tests decided
     assert {r["environment"] for r in rows} == {image.id}
     assert summary["outcomes_by_environment"] == {
-        image.id: {"passed": len(ids), "cheat": len(cheats)}}
+        image.id: {"passed": len(ids), "failed": len(cheats)}}
 
 
 def test_a_task_declaring_another_environment_is_not_run(image):

@@ -44,14 +44,7 @@ from typing import Any, Protocol, TypeVar
 from trialbox.errors import SandboxUnavailable, UsageError
 from trialbox.judge.provider import candidate_limits, harness_provider
 from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra_retries
-from trialbox.judge.anticheat import (
-    BOUNDARY_DETECTORS,
-    CHEAT_DETECTORS,
-    Flag,
-    canary_check,
-    dynamic_scan,
-    static_scan,
-)
+from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, noted, static_scan
 from trialbox.sandbox.base import Sandbox, SandboxProvider, passes_fds, preloaded_modules
 from trialbox.sandbox.pool import PoolConfig
 from trialbox.telemetry import traced_grade
@@ -91,10 +84,6 @@ class JudgeConfig:
     see `reference_times`."""
     min_call_timeout_s: float = 0.5
     """The floor of a scaled per-test limit (scheduling noise must not fail a test)."""
-    run_static_cheats: bool = False
-    """Run an attempt whose source alone already scores it CHEAT (`_static_cheat`)
-    anyway. The verdict is the same either way; tests set it to check that the
-    machinery alone also fails such a cheat (defence in depth)."""
 
     def __post_init__(self) -> None:
         if self.call_timeout_s <= 0 or self.load_timeout_s <= 0 or self.retries < 0:
@@ -329,33 +318,11 @@ async def judge_function(task: Task, completion: str, pool: SandboxProvider,
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise UsageError(f"{task.task_id}: seed must be an int or None, got {seed!r}")
     _check_provider(pool, task.task_id)
+    # Every attempt runs: a flag is no verdict (anticheat.py), so no source is scored
+    # unrun — speed never buys a wrong verdict.
     static = static_scan(task.prompt + completion, task.prompt, entry_point=task.entry_point)
-    unrun = None if config.run_static_cheats else _static_cheat(task, static)
-    if unrun is not None:
-        return unrun
     return await _judge(task, completion, pool, config, harness, reference or {}, seed,
                         with_control=True, static=static)
-
-
-def _static_cheat(task: Task, flags: tuple[Flag, ...]) -> Grade | None:
-    """The grade of an attempt whose source alone already makes it a cheat, or None.
-
-    A static detector outside `BOUNDARY_DETECTORS` (a frame walk, a builtins patch, an
-    exit call, ...) scores the attempt CHEAT whatever its run shows (`_with_flags`), so
-    running it can change nothing but the cost: it is scored here, unrun, with no
-    per-test results and no seed (the message says so). The scan reads only the source,
-    in the trusted process, so the verdict is the same on every re-grade. Boundary
-    detectors (an always-equal class) depend on what the run returned: those attempts
-    still run."""
-    cheats = [f for f in flags
-              if f.detector in CHEAT_DETECTORS and f.detector not in BOUNDARY_DETECTORS]
-    if not cheats:
-        return None
-    detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
-    return Grade(task.task_id, Outcome.CHEAT,
-                 flags=tuple(sorted({f.detector for f in flags})),
-                 message=f"cheat detected — {detail} (scored from the source, not run: "
-                         f"no run can change this verdict)"[:2000])
 
 
 async def _judge(task: Task, completion: str, pool: SandboxProvider, config: JudgeConfig,
@@ -489,41 +456,17 @@ def _server_result(report: dict[str, Any] | None, nonce: str, why: str, broken: 
 
 def _with_flags(grade: Grade, task: Task, completion: str, rc: ExecResult,
                 static: tuple[Flag, ...] | None = None) -> Grade:
-    """Run the detectors. Flags never turn a failure into a pass; a cheat detector that
-    fires scores the attempt CHEAT (reward 0) and names itself — whatever else the
-    attempt ended with: a flagged attempt is never excluded (infra or a broken task),
-    else a cheat could buy its exclusion by breaking the machinery as well.
-
-    The comparison tricks (`BOUNDARY_DETECTORS`: an always-equal class, a builtin
-    subclass overriding __eq__) are judged by what crossed the boundary, not by the
-    source's shape: no candidate object reaches the trusted test, so such a class is a
-    cheat only when the candidate tried to return an object the codec refused (a
-    sentinel used inside a correct solution — a -inf whose __lt__ is always True, a
-    MISSING never equal to anything — is only reported)."""
+    """Record what the detectors saw (the source, the candidate's output) as notable
+    flags. They change nothing else: the tests run in the harness's process and only
+    plain data crosses back, so no act in the candidate's process reaches the evidence
+    — an attack that fails is FAILED by its tests (an always-equal object returned is
+    refused by the codec and fails its test), and one that breaks the machinery is
+    proven its own failure by the control (retry.py). Only a canary's pass is CHEAT
+    (`canary_check`)."""
     if static is None:  # else scanned once already, by judge_function
         static = static_scan(task.prompt + completion, task.prompt,
                              entry_point=task.entry_point)
-    flags = static + dynamic_scan(rc.stdout, rc.stderr)
-    if not flags:
-        return grade
-    names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
-    returned = _returned_objects(grade)
-    cheats = [f for f in flags if f.detector in CHEAT_DETECTORS
-              and (f.detector not in BOUNDARY_DETECTORS or returned)]
-    if cheats:
-        detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
-        if returned and any(f.detector in BOUNDARY_DETECTORS for f in cheats):
-            detail += f" (and it returned one: {returned})"
-        return replace(grade, outcome=Outcome.CHEAT, flags=names,
-                       message=f"cheat detected — {detail}"[:2000])
-    return replace(grade, flags=names)
-
-
-def _returned_objects(grade: Grade) -> str:
-    """The first test message saying the candidate returned what is not plain data (the
-    codec refused an object of its own), or ""."""
-    return next((t.message for t in grade.tests if t.message.startswith(
-        "the candidate returned") and "is not plain data" in t.message), "")
+    return noted(grade, static + dynamic_scan(rc.stdout, rc.stderr))
 
 
 def _grade(task: Task, tests: list[tuple[Any, bool]], nonce: str, rc: ExecResult,

@@ -54,13 +54,8 @@ from functools import cache, lru_cache
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.anticheat import CHEAT_DETECTORS, Flag, canary_check, static_scan
-from trialbox.judge.repo_tree import (
-    REPO_CHEAT_FLAGS,
-    CandidateTree,
-    candidate_tree,
-    expected_tests,
-)
+from trialbox.judge.anticheat import Flag, canary_check, noted, static_scan
+from trialbox.judge.repo_tree import CandidateTree, candidate_tree, expected_tests
 from trialbox.store.patches import TreeError
 from trialbox.judge.repo_snapshot import WorkspaceUnwritable, open_workspace, workspace_key
 from trialbox.judge.retry import Control, control_of, with_infra_retries
@@ -166,7 +161,17 @@ async def judge_repo(task: Task, answer: Answer, pool: SandboxProvider,
                      "answer could not be applied"),
                      message=f"the answer could not be applied: {e}"[:4000],
                      wall_ms=round((time.monotonic() - t0) * 1e3, 3))
-    flags = list(tree.flags) + scan_tree(tree)
+    code_flags = scan_tree(tree)
+    grade = await _judged(task, tree, pool, config)
+    if config.tier == "in-process" and grade.passed and code_flags:
+        trusted = await _judged(task, tree, pool, replace(config, tier="trusted"))
+        grade = _cross_checked(grade, trusted, code_flags)
+    return canary_check(noted(grade, [*tree.flags, *code_flags]), task)
+
+
+async def _judged(task: Task, tree: CandidateTree, pool: SandboxProvider,
+                  config: RepoJudgeConfig) -> Grade:
+    """One judgement of `tree` on `config.tier`, an exclusion proven by a control."""
     attempt = _attempt_trusted if config.tier == "trusted" else _attempt
     control_tree, name = _control_tree(task)
     control = None
@@ -174,9 +179,33 @@ async def judge_repo(task: Task, answer: Answer, pool: SandboxProvider,
         async def control() -> Control:
             return control_of(name, await attempt(task, control_tree, pool, config),
                               reference=name == "the reference solution")
-    grade = await with_infra_retries(lambda: attempt(task, tree, pool, config),
-                                     config.retries, task.task_id, control)
-    return canary_check(_with_flags(grade, flags), task)
+    return await with_infra_retries(lambda: attempt(task, tree, pool, config),
+                                    config.retries, task.task_id, control)
+
+
+def _cross_checked(grade: Grade, trusted: Grade, flags: list[Flag]) -> Grade:
+    """An in-process pass of code the scan flagged, against the trusted tier's verdict
+    of the same tree. In-process the candidate's code shares pytest's process, so a
+    flagged act could have reached the report; on the trusted tier it cannot. The same
+    verdict: the act changed nothing, the pass stands (the flags are notable). A
+    different one: the act reached the evidence — CHEAT, `verdict-differs`, with the
+    trusted tier's per-test results. A trusted run that cannot decide (excluded: its
+    machinery or the task's tests failed on that tier, its control too) leaves the
+    in-process verdict, and says so."""
+    if trusted.passed:
+        return grade
+    if trusted.outcome in (Outcome.INFRA, Outcome.ERROR):
+        return replace(grade, message=(
+            f"not confirmed on the trusted tier ({trusted.outcome.value}: "
+            f"{trusted.message[:500]})")[:4000])
+    detail = "; ".join(f"{f.detector}: {f.detail}" for f in flags[:5])
+    return replace(trusted, outcome=Outcome.CHEAT,
+                   flags=tuple(sorted({*trusted.flags, "verdict-differs"})),
+                   attempts=grade.attempts + trusted.attempts,
+                   message=(f"passed in-process, where its flagged code ({detail}) shares "
+                            f"pytest's process, but {trusted.outcome.value} on the trusted "
+                            f"tier, where it cannot reach the report ({trusted.message}): "
+                            f"the act changed the verdict")[:4000])
 
 
 def _control_tree(task: Task) -> tuple[CandidateTree, str]:
@@ -221,40 +250,13 @@ def _runner_refs(source: str, lines: frozenset[int]) -> tuple[Flag, ...]:
                 and node.value.startswith(("_pytest", "pluggy")):
             names = [node.value]
         if any(n.split(".")[0] in ("_pytest", "pluggy") for n in names):
-            found.append(Flag("pytest-tamper", f"line {line}: {names[0]}: the test "
+            found.append(Flag("pytest-internals", f"line {line}: {names[0]}: the test "
                               "runner's internals"))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                 node.name.startswith("pytest_"):
-            found.append(Flag("pytest-tamper", f"line {line}: def {node.name}: a pytest "
-                              "hook in the candidate's code"))
+            found.append(Flag("pytest-internals", f"line {line}: def {node.name}: a "
+                              "pytest hook in the candidate's code"))
     return tuple(found)
-
-
-REPO_STRICT_FLAGS = frozenset({"dynamic-code", "obfuscated-getattr", "obfuscated-import"})
-"""Notable elsewhere, cheats here. In a repository task the candidate's code shares the
-pytest process with the runner, so code the static scan cannot read (exec of a string
-built at run time, a module or attribute name computed at run time) is exactly how a
-protocol-aware forgery of the report hides (docs/judge.md, residual risk): a reward
-that pays for it would teach it. Ordinary repository code has no need of it."""
-
-
-def _with_flags(grade: Grade, flags: list[Flag]) -> Grade:
-    """Add the tree's and the scan's flags; a cheat flag grades CHEAT (reward 0), naming
-    itself, whatever else the attempt ended with (a flagged attempt is never excluded:
-    else a cheat could buy its exclusion by breaking the machinery too). Flags never
-    turn a failure into a pass."""
-    names = tuple(sorted({*grade.flags, *(f.detector for f in flags)}))
-    if not names:
-        return grade
-    cheats = [f for f in flags
-              if f.detector in REPO_CHEAT_FLAGS | CHEAT_DETECTORS | REPO_STRICT_FLAGS]
-    cheats += [Flag(d, "seen by the runner") for d in grade.flags
-               if d in REPO_CHEAT_FLAGS and not any(f.detector == d for f in cheats)]
-    if cheats:  # a flagged attempt is never excluded
-        detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
-        msg = f"cheat detected — {detail}" + (f" | {grade.message}" if grade.message else "")
-        return replace(grade, outcome=Outcome.CHEAT, flags=names, message=msg[:4000])
-    return replace(grade, flags=names)
 
 
 # --------------------------------------------------------------------------- a run
@@ -576,7 +578,9 @@ def _grade(task: Task, modules: list[str], nonce: str, data: bytes, r: ExecResul
         first = next((t for t in results if not t.passed), None)
         message = f"{first.name}: {first.message}" if first else ""
     statuses = {r.status, rc.status}
-    if results and all(t.passed for t in results):
+    if rep.tamper:  # the act reached the evidence: the runner saw it
+        outcome = Outcome.CHEAT
+    elif results and all(t.passed for t in results):
         outcome = Outcome.PASSED
     elif ExecStatus.MEMORY in statuses:
         outcome = Outcome.MEMORY

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, static_scan
+from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, noted, static_scan
 from trialbox.judge.provider import candidate_limits
 from trialbox.judge.retry import Control, control_of, with_infra_retries
 from trialbox.sandbox import languages
@@ -130,16 +130,6 @@ class StdioJudgeConfig:
 COMPILE_FLOOR_S = 10
 """The least wall and CPU time a stdio judge's compile gets when no `compile_limits` are
 set (SandboxFusion's default `compile_timeout` too)."""
-
-STDIO_CHEAT_DETECTORS: frozenset[str] = frozenset({
-    "frame-walk", "gc-introspection", "builtins-patch", "sys-modules-patch", "fs-probe",
-    "signal-tamper", "fd-tamper"})
-"""Detectors that make a stdio attempt a cheat. `anticheat.CHEAT_DETECTORS` is tuned for
-library code loaded by a harness; a stdio program *is* `__main__`: `sys.exit` and
-printing are how it ends and answers (exit-call, test-runner-output), and it is compared
-as bytes, so no object crosses (always-equal, builtin-subclass-eq) and no judge module
-shares its process (module-patch). Those are still recorded (below) when they fire, but
-do not change the grade."""
 
 _NORMAL_IN_PROGRAMS = frozenset({"exit-call", "test-runner-output"})
 """Static findings not even recorded for stdio programs: nearly every program would carry
@@ -476,22 +466,16 @@ def _grade(task: Task, outcome: Outcome, results: tuple[TestResult, ...], messag
 
 
 def _with_flags(grade: Grade, source: str, spec: Language, runs: list[ExecResult]) -> Grade:
-    """Run the detectors: the static scan on Python sources (the whole source is the
-    candidate's: no trusted prefix), the output scan on stderr only (stdout is the
-    answer). Flags never turn a failure into a pass; a stdio cheat detector that fires
-    grades CHEAT (reward 0) naming itself, whatever else the attempt ended with (a
-    flagged attempt is never excluded)."""
+    """Record what the detectors saw as notable flags: the static scan on Python sources
+    (the whole source is the candidate's: no trusted prefix), the output scan on stderr
+    only (stdout is the answer). They change nothing else: the evidence is stdout,
+    compared outside the candidate's sandbox, so no act inside it — a signal handler, an
+    alarm, a read of /proc/self/fd/0 — can reach it; only a canary's pass is CHEAT
+    (`canary_check`). An attempt that broke its own session is proven so by the
+    control (retry.py), flagged or not."""
     flags: list[Flag] = []
     if spec.name == "python":
         flags += [f for f in static_scan(source) if f.detector not in _NORMAL_IN_PROGRAMS]
     for r in runs:
-        flags += [f for f in dynamic_scan(b"", r.stderr) if f not in flags]
-    if not flags:
-        return grade
-    names = tuple(sorted({f.detector for f in flags}))
-    cheats = [f for f in flags if f.detector in STDIO_CHEAT_DETECTORS]
-    if cheats:
-        detail = "; ".join(f"{f.detector}: {f.detail}" for f in cheats)
-        return replace(grade, outcome=Outcome.CHEAT, flags=names,
-                       message=f"cheat detected — {detail}"[:2000])
-    return replace(grade, flags=names)
+        flags += dynamic_scan(b"", r.stderr)
+    return noted(grade, flags)
