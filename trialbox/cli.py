@@ -287,6 +287,8 @@ async def _eval(args: argparse.Namespace) -> int:
     from trialbox.cluster.cli import check_local_flags
     check_local_flags(args)
     loaded = load_tasks(args.tasks)
+    from trialbox.judge.taskcheck import refuse_broken
+    refuse_broken(loaded, f"--tasks {args.tasks}")  # a broken task: refused, never a 0
     if args.amplified:
         from trialbox.judge.amplify import apply, load
         loaded = apply(loaded, load(args.amplified))

@@ -30,11 +30,11 @@ def install(kill: str) -> None:
         real_judge = agent._judge
         seen = [0]
 
-        async def judge(env: Any, task: Any, completion: str) -> Any:
+        async def judge(env: Any, task: Any, completion: str, seed: int | None) -> Any:
             seen[0] += 1
             if seen[0] == int(arg):  # the judge is at work when the process dies
                 asyncio.get_running_loop().call_later(0.02, die)
-            return await real_judge(env, task, completion)
+            return await real_judge(env, task, completion, seed)
         agent._judge = judge  # type: ignore[assignment]
     elif what == "update":
         import trialbox.train.trainer as trainer

@@ -102,7 +102,7 @@ def test_kill_9_at_five_points_then_resume_equals_the_uninterrupted_run(runner, 
     real_judge = agent_module._judge
     held = [False]
 
-    async def judge(env, task, completion):
+    async def judge(env, task, completion, seed):
         if not held[0]:
             held[0] = True
             loop, looked = asyncio.get_running_loop(), asyncio.Event()
@@ -115,7 +115,7 @@ def test_kill_9_at_five_points_then_resume_equals_the_uninterrupted_run(runner, 
                 loop.call_soon_threadsafe(looked.set)
             threading.Thread(target=status).start()
             await looked.wait()
-        return await real_judge(env, task, completion)
+        return await real_judge(env, task, completion, seed)
     monkeypatch.setattr(agent_module, "_judge", judge)
     threads = torch.get_num_threads()
     try:

@@ -22,9 +22,11 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> None:
-    t = sub.add_parser("tasks", help="a run's tasks from the scheduler's journal",
+    t = sub.add_parser("tasks", help="a run's tasks from the scheduler's journal; validate "
+                       "a task set",
                        description="Read the scheduler's journal (read-only): counts by "
-                       "state, one task's full history, export of a run's trajectories.")
+                       "state, one task's full history, export of a run's trajectories; "
+                       "and `check`: validate a task set before trusting it.")
     tsub = t.add_subparsers(dest="tasks", required=True)
     default_db = os.environ.get("TRIALBOX_JOURNAL", "trialbox.db")
     st = tsub.add_parser("status", help="counts by state, infra-failure rate, slowest tasks")
@@ -43,6 +45,55 @@ def add_parser(sub: Any) -> None:
                        help=f"journal file (default $TRIALBOX_JOURNAL or {default_db})")
         p.add_argument("--json", action="store_true", help="print JSON")
         p.set_defaults(handler=main)
+    ck = tsub.add_parser(
+        "check", help="validate a task set before trusting it (exit 1: a task is broken)",
+        description="Validate every task (judge/taskcheck.py): the prompt defines the entry "
+        "point, the tests call it as declared, the reference passes with several seeds, a "
+        "trivial answer fails, a stdio comparison or checker accepts the expected output "
+        "and rejects an empty, a perturbed and a nan one. Prints each problem with the "
+        "field to change; exit 1 when any task has one.")
+    ck.add_argument("task_set", help="humaneval, or a .jsonl / .parquet task file or URL")
+    ck.add_argument("--repeats", type=int, default=3,
+                    help="gradings of each reference, each with its own seed (default 3)")
+    ck.add_argument("--workers", type=int, default=4, help="tasks checked at once")
+    ck.add_argument("--json", action="store_true", help="one JSON object per task")
+    ck.set_defaults(handler=check_main)
+
+
+def check_main(args: argparse.Namespace) -> int:
+    """`trialbox tasks check`: every problem of every task; exit 1 when there is one."""
+    import asyncio
+
+    from trialbox.errors import UsageError
+    from trialbox.judge.function import judge_pool_config
+    from trialbox.judge.taskcheck import TaskCheckConfig, check_tasks
+    from trialbox.sandbox.pool import CellPool
+    from trialbox.store.tasks import load_tasks
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    tasks = load_tasks(args.task_set)
+    config = TaskCheckConfig(repeats=args.repeats)
+
+    async def run() -> dict[str, Any]:
+        pool = await CellPool(judge_pool_config(warm=2)).start()
+        try:
+            return await check_tasks(tasks, pool, config=config, workers=args.workers)
+        finally:
+            await pool.close()
+    found = asyncio.run(run())
+    broken = {tid: ps for tid, ps in found.items() if ps}
+    for tid, ps in found.items():
+        if args.json:
+            print(json.dumps({"task_id": tid, "ok": not ps,
+                              "problems": [{"field": p.field, "message": p.message}
+                                           for p in ps]}))
+        else:
+            for p in ps:
+                print(f"{tid}: {p.field}: {p.message}")
+    summary = {"tasks": len(found), "ok": len(found) - len(broken), "broken": len(broken)}
+    print(json.dumps(summary) if args.json else
+          f"{summary['ok']} of {summary['tasks']} tasks ok, {summary['broken']} broken")
+    return 1 if broken else 0
 
 
 def _ts(t: float) -> str:

@@ -211,6 +211,8 @@ def task_sets(section: TasksSection, *, seed: int, tasks_per_step: int, sft_size
             spec = getattr(section, name)
             setattr(sets, name, load(spec) if spec else [])
         where = "[tasks]"
+    from trialbox.judge.taskcheck import refuse_broken
+    refuse_broken([*sets.train, *sets.validation, *sets.test], where)  # never a silent 0
     if training and len(sets.train) < tasks_per_step:
         raise UsageError(
             f"{where}: the train split holds {len(sets.train)} tasks, fewer than [grpo] "
