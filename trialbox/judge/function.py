@@ -24,7 +24,8 @@ against a control on the same machinery first (retry.py): the task's reference s
 or a trivial program that answers None. If the control gets a verdict, the failure was
 the candidate's (failed, reward 0, flag `self_inflicted_infra`, no second try); only if
 the control fails too is it retried and, if it persists, excluded (reward None). The
-trusted test's `random` is seeded from a per-attempt secret, recorded as `Grade.seed`.
+trusted test's `random` is seeded from the run's secret, the task and the code
+(`seeds.py`: the same code gets the same draws), recorded as `Grade.seed`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any, Protocol, TypeVar
 from trialbox.errors import SandboxUnavailable, UsageError
 from trialbox.judge.provider import candidate_limits, harness_provider
 from trialbox.judge.retry import SELF_INFLICTED, Control, control_of, with_infra_retries
+from trialbox.judge.seeds import derive_seed
 from trialbox.judge.anticheat import Flag, canary_check, dynamic_scan, noted, static_scan
 from trialbox.sandbox.base import Sandbox, SandboxProvider, passes_fds, preloaded_modules
 from trialbox.sandbox.pool import PoolConfig
@@ -362,7 +364,8 @@ async def _attempt(task: Task, completion: str, pool: SandboxProvider, config: J
     nonce = secrets.token_hex(16)
     tests = [(t, True) for t in task.hidden_tests] + [(t, False) for t in task.visible_tests]
     job = _job(task, config, reference)
-    job["seed"] = seed = secrets.randbits(63) if seed is None else seed
+    # the same code, the same draws; the secret never enters a sandbox (seeds.py)
+    job["seed"] = seed = derive_seed(task.task_id, completion) if seed is None else seed
     cand = await pool.open(candidate_limits(config.candidate_limits, task))
     harness = shared or await open_harness(pool, config)
     ours, theirs = socket.socketpair()
