@@ -154,8 +154,9 @@ def test_session_keeps_working_after_every_kind_of_kill(runner):
 
     async def body():
         # the time limits scale with a slow kernel's speed (the UML guest): four execs of
-        # bash, cat, ls and grep take ~0.5 s of CPU there
-        async with await _open(runner, wall_s=1 * TIME_SCALE, cpu_s=0.5 * TIME_SCALE,
+        # bash, cat, ls and grep take ~0.5 s of CPU there; the wall limit with the load
+        # too, so that the memory bomb and the probe after each kill finish under it
+        async with await _open(runner, wall_s=load_scaled(1), cpu_s=0.5 * TIME_SCALE,
                                memory_mb=64) as sb:
             await sb.write_file("kept.txt", b"still here")
             out = []
@@ -428,8 +429,9 @@ def test_concurrent_sessions_with_different_outcomes(runner):
             ("import sys; print('three'); sys.exit(3)", ExecStatus.EXIT),
             ("print('fine')", ExecStatus.OK),
         ]
-        # a 64 MiB bomb takes 2-4 s to allocate in the UML guest: scale the wall
-        sbs = [await _open(runner, wall_s=1.5 * TIME_SCALE, memory_mb=64) for _ in cases]
+        # a 64 MiB bomb takes 2-4 s to allocate in the UML guest, longer on a loaded
+        # host: the wall limit, which ends only the sleeper, scales with both
+        sbs = [await _open(runner, wall_s=load_scaled(1.5), memory_mb=64) for _ in cases]
         try:
             results = await asyncio.gather(*(run_code(sb, code)
                                              for sb, (code, _) in zip(sbs, cases, strict=True)))
