@@ -356,6 +356,17 @@ def _write_rows(path: str, rows: list[GradedRow], summary: dict[str, Any]) -> in
     except OSError as e:
         raise UsageError(f"cannot write --out {path}: {e.strerror}") from e
     print(json.dumps(summary))
+    ungraded = [r for r in rows if not r.graded]
+    if ungraded:  # loud: an error row is excluded, and silence hid whole bad files
+        shown = "".join(f"\n  {r.task_id or '?'}: {r.message[:200]}" for r in ungraded[:5])
+        more = f"\n  … and {len(ungraded) - 5} more" if len(ungraded) > 5 else ""
+        print(f"trialbox: {len(ungraded)} of {len(rows)} samples could not be graded "
+              f"(error rows, excluded):{shown}{more}", file=sys.stderr)
+    if rows and len(ungraded) == len(rows):
+        print("trialbox: no sample could be graded: fix the samples file (each row needs "
+              "task_id and completion, a task id of --tasks, a language this node runs)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

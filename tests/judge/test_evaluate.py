@@ -248,3 +248,18 @@ def test_row_tests_are_every_field_of_each_test_result():
     row = _row(EvalSample("T/0", "x"), [g]).to_dict()
     assert row["tests"] == [asdict(t) for t in tests]
     assert row["reward"] == 0.0 and row["outcome"] == "failed"
+
+
+def test_eval_of_a_samples_file_it_cannot_read_says_so_and_fails(tmp_path):
+    """Rows with `code` instead of `completion` and unknown ids: every row an error
+    row, the reasons on stderr, exit 1 — not a quiet exit 0 with everything excluded."""
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"task_id": "HumanEval/0", "code": "x"}) + "\n"
+                       + json.dumps({"task_id": "HumanEval/999", "completion": "x"}) + "\n")
+    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "eval", "--tasks", "humaneval",
+                        "--samples", str(samples), "--out", str(tmp_path / "o.jsonl")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert "2 of 2 samples could not be graded" in p.stderr
+    assert "non-string completion" in p.stderr and "unknown task_id" in p.stderr
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 2  # rows still written
