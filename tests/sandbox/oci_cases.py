@@ -22,8 +22,15 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.conftest import load_scaled
 from tests.sandbox.conftest import CANDIDATE_STATUSES, FAST, describe
-from tests.sandbox.test_hostile import PRIVILEGED, PROJECT, RESOURCE_ATTACKS, SECRET
+from tests.sandbox.test_hostile import (
+    PRIVILEGED,
+    PROJECT,
+    RESOURCE_ATTACKS,
+    SECRET,
+    load_scaled_wall,
+)
 from trialbox.sandbox import run_code
 from trialbox.sandbox.oci import OciProvider, cgroup_roots
 from trialbox.types import ExecResult, ExecStatus, Limits
@@ -152,7 +159,7 @@ def test_resource_attack_contained(oci: OciHarness, lang: str, code: str,
     """Ended by the limit meant to contain it: its status, a message naming that limit."""
     want, limit = STATUS_OVERRIDES.get((oci.provider.tier, request.node.callspec.id),
                                        (want, limit))
-    r = oci.one(code, lang, **changes)
+    r = oci.one(code, lang, **load_scaled_wall(changes))
     assert r.status in CANDIDATE_STATUSES, describe(r)
     assert r.status is want, describe(r)
     assert f"Limits.{limit}" in r.message, describe(r)
@@ -167,7 +174,8 @@ def test_fork_bomb_hits_the_process_limit(oci: OciHarness) -> None:
             "    except OSError as e:\n        if not said:\n            said = True\n"
             "            n = sum(1 for p in os.listdir('/proc') if p.isdigit())\n"
             "            os.write(1, b'%d %d\\n' % (e.errno, n))\n        time.sleep(0.01)")
-    r = oci.one(code, wall_s=1.5, pids=16, memory_mb=512)  # gVisor: see STATUS_OVERRIDES
+    # gVisor's memory: see STATUS_OVERRIDES; a load-scaled wall leaves room to reach the cap
+    r = oci.one(code, wall_s=load_scaled(1.5), pids=16, memory_mb=512)
     assert r.status is ExecStatus.TIMEOUT, describe(r)
     pairs = list(zip(r.stdout.split()[::2], r.stdout.split()[1::2], strict=True))
     assert pairs, describe(r)

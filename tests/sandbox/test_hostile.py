@@ -12,10 +12,12 @@ import json
 import os
 import socket
 import subprocess
+from typing import Any
 
 import pytest
 
 import trialbox
+from tests.conftest import load_scaled
 from tests.sandbox.conftest import CANDIDATE_STATUSES, FAST, RunOne, describe, no_leaks
 from trialbox.sandbox import NamespaceSandbox, run_code
 from trialbox.types import ExecStatus
@@ -61,11 +63,14 @@ sys.exit(1 if any(os.waitpid(k, 0)[1] for k in kids) else 0)
 
 RESOURCE_ATTACKS = [
     # id, lang, code, limit changes, status, the limit (a Limits field) that ends it
-    ("fork-bomb-bash", "bash", ":(){ :|:& };:\nsleep 30", {"wall_s": 1.5, "pids": 32},
-     ExecStatus.TIMEOUT, "wall_s"),
+    # the fork bombs' CPU limit out of reach (32 processes burn CPU retrying): the wall
+    # limit ends them, with the pids limit holding meanwhile
+    ("fork-bomb-bash", "bash", ":(){ :|:& };:\nsleep 30",
+     {"wall_s": 1.5, "cpu_s": 60, "pids": 32}, ExecStatus.TIMEOUT, "wall_s"),
     ("fork-bomb-python", "python",
      ("import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
-      "        time.sleep(0.01)"), {"wall_s": 1.5, "pids": 32}, ExecStatus.TIMEOUT, "wall_s"),
+      "        time.sleep(0.01)"), {"wall_s": 1.5, "cpu_s": 60, "pids": 32},
+     ExecStatus.TIMEOUT, "wall_s"),
     ("memory-bomb", "python", "b = []\nwhile True:\n    b.append(b'x' * 10**7)",
      {"memory_mb": 64}, ExecStatus.MEMORY, "memory_mb"),
     ("memory-bomb-split", "python", SPLIT_HOG, {"memory_mb": 64, "wall_s": 3},
@@ -87,10 +92,19 @@ contained by what was meant to contain it, which no wall-time bound could show o
 loaded host. (A run that outlived its kill would be `infra`, the supervisor's.)"""
 
 
+def load_scaled_wall(changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` with its wall limit load-scaled: a wall limit here either ends a run
+    that would go on for ever, at any value, or must not end one before the limit meant
+    to (the pids, memory or output limit), however slow the loaded host makes it."""
+    if "wall_s" not in changes:
+        return changes
+    return {**changes, "wall_s": load_scaled(changes["wall_s"])}
+
+
 @pytest.mark.parametrize("lang, code, changes, want, limit",
                          [a[1:] for a in RESOURCE_ATTACKS], ids=[a[0] for a in RESOURCE_ATTACKS])
 def test_resource_attack_contained(run_one: RunOne, runner, lang, code, changes, want, limit):
-    r = run_one(code, lang, **changes)
+    r = run_one(code, lang, **load_scaled_wall(changes))
     assert r.status in CANDIDATE_STATUSES, describe(r)
     assert r.status is want, describe(r)
     assert f"Limits.{limit}" in r.message, describe(r)
@@ -108,7 +122,7 @@ def test_fork_bomb_hits_the_pids_limit(run_one: RunOne, runner):
             "    except OSError as e:\n        if not said:\n            said = True\n"
             "            n = sum(1 for p in os.listdir('/proc') if p.isdigit())\n"
             "            os.write(1, b'%d %d\\n' % (e.errno, n))\n        time.sleep(0.01)")
-    r = run_one(code, wall_s=1.5, pids=16)
+    r = run_one(code, wall_s=load_scaled(1.5), pids=16)  # room to reach the cap: it prints
     assert r.status is ExecStatus.TIMEOUT, describe(r)
     lines = r.stdout.split()
     assert lines, describe(r)
