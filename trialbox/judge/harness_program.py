@@ -23,7 +23,8 @@ refused (`_flooded`).
 Built-in exceptions cross as themselves: the stub sends the nearest built-in class of
 what the candidate raised (name and args, as plain data) and `_raised` builds that
 class here (never a class of the candidate's), so `except ValueError:` in a test
-matches a correct candidate. Everything else that goes wrong with a call raises
+matches a correct candidate; control flow (StopIteration) arrives as a RuntimeError
+instead, so it cannot end the test's own loop. Everything else that goes wrong with a call raises
 `CandidateError`, a BaseException a test's `except Exception:` does not swallow.
 
 `random` is seeded before every job from the job's "seed", a per-attempt secret of the
@@ -167,11 +168,22 @@ def _raised(value):
     """The exception to raise in the test for a call the candidate answered "raised":
     `value` is [name, args]; a built-in Exception class of that name is built with the
     args (plain data) and marked as the candidate's. Anything else — another name, a
-    BaseException-only class (SystemExit, KeyboardInterrupt), args the class refuses,
-    or the old text form — is a CandidateError: not trusted as a type."""
+    BaseException-only class (SystemExit, KeyboardInterrupt, GeneratorExit), args the
+    class refuses, or the old text form — is a CandidateError: not trusted as a type.
+
+    Control flow is never rebuilt: StopIteration (or StopAsyncIteration) raised here
+    would end the test's own loop — `sum(map(candidate, xs))`, `for y in
+    map(candidate, xs)` — and a wrong answer would pass, as it does in-process, where
+    PEP 479 covers only generators. It arrives as a RuntimeError naming it (what PEP
+    479 makes of it inside a generator, and still an Exception, as it was)."""
     if type(value) is list and len(value) == 2 and type(value[0]) is str \
             and type(value[1]) is list:
         cls = getattr(builtins, value[0], None) if value[0].isidentifier() else None
+        if isinstance(cls, type) and issubclass(cls, (StopIteration, StopAsyncIteration)):
+            exc = RuntimeError("%s (args %s): control flow does not cross the "
+                               "boundary" % (value[0], _text(value[1], 200)))
+            exc._trialbox_candidate = True
+            return exc
         if isinstance(cls, type) and issubclass(cls, Exception) and \
                 cls.__module__ == "builtins":
             try:
