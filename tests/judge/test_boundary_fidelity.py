@@ -69,6 +69,132 @@ def grade(runner, case: Case):
     return runner.run(judge_function(task_of(case), case.source, runner.pool, FAST))
 
 
+# -- 1. values the standard library returns every day ----------------------------------
+
+RETURNS = [
+    ok("Counter", "from collections import Counter\ndef f(s):\n    return Counter(s)\n",
+       "assert candidate('abca') == {'a': 2, 'b': 1, 'c': 1}",
+       "assert candidate('abca') == Counter('aabc')",
+       "assert candidate('ab')['z'] == 0",
+       "assert candidate('aab').most_common(1) == [('a', 2)]",
+       "assert type(candidate('a')) is Counter and isinstance(candidate(''), dict)"),
+    wrong("Counter, wrong counts",
+          "from collections import Counter\ndef f(s):\n    return Counter(s[1:])\n",
+          "assert candidate('abca') == {'a': 2, 'b': 1, 'c': 1}"),
+    ok("defaultdict(list)",
+       "from collections import defaultdict\ndef f(ws):\n    d = defaultdict(list)\n"
+       "    for w in ws:\n        d[w[0]].append(w)\n    return d\n",
+       "assert candidate(['ab', 'ac', 'b']) == {'a': ['ab', 'ac'], 'b': ['b']}",
+       "assert candidate([])['q'] == []",
+       "assert candidate(['x']).default_factory is list"),
+    ok("defaultdict(int), missing keys count 0",
+       "from collections import defaultdict\ndef f(s):\n    d = defaultdict(int)\n"
+       "    for c in s:\n        d[c] += 1\n    return d\n",
+       "assert candidate('aba') == {'a': 2, 'b': 1}", "assert candidate('a')['z'] == 0"),
+    ok("defaultdict with a lambda, compared",
+       "from collections import defaultdict\ndef f(s):\n"
+       "    d = defaultdict(lambda: defaultdict(int))\n"
+       "    for a, b in s:\n        d[a][b] += 1\n    return d\n",
+       "assert candidate(['ab', 'ab', 'ac']) == {'a': {'b': 2, 'c': 1}}"),
+    ok("OrderedDict",
+       "from collections import OrderedDict\ndef f(ps):\n    return OrderedDict(ps)\n",
+       "assert candidate([('b', 1), ('a', 2)]) == OrderedDict([('b', 1), ('a', 2)])",
+       "assert list(candidate([('b', 1), ('a', 2)])) == ['b', 'a']",
+       "d = candidate([('b', 1), ('a', 2)])\nd.move_to_end('b')\nassert list(d) == ['a', 'b']"),
+    wrong("OrderedDict in the wrong order",
+          "from collections import OrderedDict\ndef f(ps):\n    return OrderedDict(sorted(ps))\n",
+          "assert candidate([('b', 1), ('a', 2)]) == OrderedDict([('b', 1), ('a', 2)])"),
+    ok("namedtuple",
+       "from collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+       "def f(a, b):\n    return P(a, b)\n",
+       "assert candidate(1, 2) == (1, 2)", "assert candidate(1, 2).y == 2",
+       "assert type(candidate(1, 2)).__name__ == 'P' and candidate(1, 2)._fields == ('x', 'y')",
+       "assert candidate(1, 2)._asdict() == {'x': 1, 'y': 2}",
+       "assert repr(candidate(1, [2])) == 'P(x=1, y=[2])'",
+       "assert {candidate(1, 2): 'k'}[(1, 2)] == 'k'"),
+    ok("typing.NamedTuple with a method, in a list",
+       "from typing import NamedTuple\nclass Pt(NamedTuple):\n    x: int\n    y: int = 0\n"
+       "    def norm(self):\n        return abs(self.x) + abs(self.y)\n"
+       "def f(n):\n    return [Pt(i, -i) for i in range(n)]\n",
+       "assert candidate(2) == [(0, 0), (1, -1)]", "assert candidate(3)[2].x == 2"),
+    ok("a subclass of a namedtuple class",
+       "from collections import namedtuple\n"
+       "class P(namedtuple('P', 'x y')):\n    __slots__ = ()\n"
+       "def f(a):\n    return P(a, a)\n",
+       "assert candidate(3) == (3, 3) and candidate(3).x == 3"),
+    wrong("namedtuple, fields swapped",
+          "from collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+          "def f(a, b):\n    return P(b, a)\n",
+          "assert candidate(1, 2).x == 1"),
+    ok("Fraction",
+       "from fractions import Fraction\ndef f(a, b):\n    return Fraction(a, b)\n",
+       "assert candidate(1, 3) == Fraction(1, 3)", "assert candidate(1, 2) == 0.5",
+       "assert candidate(2, 4).denominator == 2", "assert candidate(1, 3) * 3 == 1",
+       "assert candidate(-2**70, 3) == Fraction(-2**70, 3)"),
+    wrong("Fraction off by one",
+          "from fractions import Fraction\ndef f(a, b):\n    return Fraction(a + 1, b)\n",
+          "assert candidate(1, 3) == Fraction(1, 3)"),
+    ok("Decimal",
+       "from decimal import Decimal\ndef f(s):\n    return Decimal(s) * 1\n",
+       "assert candidate('1.10') == Decimal('1.1')", "assert str(candidate('1.10')) == '1.10'",
+       "assert candidate('-0') == 0 and str(candidate('-0')) == '-0'",
+       "assert candidate('2.5') + 1 == Decimal('3.5')"),
+    ok("bytearray",
+       "def f(b):\n    return bytearray(reversed(b))\n",
+       "assert candidate(b'abc') == b'cba'",
+       "r = candidate(b'ab')\nr.append(0)\nassert r == b'ba\\x00' and type(r) is bytearray"),
+    ok("range",
+       "def f(n):\n    return range(1, n, 2)\n",
+       "assert list(candidate(6)) == [1, 3, 5]", "assert candidate(6) == range(1, 6, 2)",
+       "assert len(candidate(10)) == 5 and candidate(10)[-1] == 9"),
+    ok("deque",
+       "from collections import deque\ndef f(xs):\n    return deque(reversed(xs), maxlen=5)\n",
+       "assert candidate([1, 2]) == deque([2, 1])", "assert list(candidate([1, 2])) == [2, 1]",
+       "assert candidate([1]).maxlen == 5"),
+    ok("a generator",
+       "def f(n):\n    for i in range(n):\n        yield i * i\n",
+       "assert list(candidate(3)) == [0, 1, 4]",
+       "g = candidate(3)\nassert next(g) == 0 and next(g) == 1 and list(g) == [4]",
+       "assert sum(x for x in candidate(4)) == 14",
+       "assert next(candidate(0), 'end') == 'end'",
+       "total = 0\nfor x in candidate(3):\n    total += x\nassert total == 5"),
+    wrong("a generator, one too many",
+          "def f(n):\n    for i in range(n + 1):\n        yield i * i\n",
+          "assert list(candidate(3)) == [0, 1, 4]"),
+    ok("map, filter, zip, reversed, enumerate",
+       "def f(xs, how):\n"
+       "    return {'map': lambda: map(lambda x: 2 * x, xs),\n"
+       "            'filter': lambda: filter(None, xs),\n"
+       "            'zip': lambda: zip(xs, 'abc'),\n"
+       "            'reversed': lambda: reversed(xs),\n"
+       "            'enumerate': lambda: enumerate(xs),\n"
+       "            'iter': lambda: iter(sorted(set(xs)))}[how]()\n",
+       "assert list(candidate([1, 0, 2], 'map')) == [2, 0, 4]",
+       "assert list(candidate([1, 0, 2], 'filter')) == [1, 2]",
+       "assert list(candidate([1, 0], 'zip')) == [(1, 'a'), (0, 'b')]",
+       "assert list(candidate([1, 0], 'reversed')) == [0, 1]",
+       "assert dict(candidate([5], 'enumerate')) == {0: 5}",
+       "assert [x for x in candidate([2, 1, 2], 'iter')] == [1, 2]"),
+    ok("dict views",
+       "def f(d, which):\n    return getattr(d, which)()\n",
+       "assert candidate({'a': 1, 'b': 2}, 'keys') == {'a', 'b'}",
+       "assert sorted(candidate({'b': 1, 'a': 2}, 'keys')) == ['a', 'b']",
+       "assert candidate({'a': 1, 'b': 2}, 'keys') & {'b', 'c'} == {'b'}",
+       "assert sorted(candidate({'a': 2, 'b': 1}, 'values')) == [1, 2]",
+       "assert len(candidate({'a': 2, 'b': 1}, 'values')) == 2",
+       "assert candidate({'a': 1}, 'items') == {('a', 1)}",
+       "assert list(candidate({'a': [1]}, 'items')) == [('a', [1])]"),
+    ok("stdlib values nested in plain containers",
+       "from collections import Counter\nfrom fractions import Fraction\n"
+       "def f(ws):\n    return [Counter(w) for w in ws], {'h': Fraction(1, 2)}, (range(2),)\n",
+       "assert candidate(['ab', 'b']) == ([{'a': 1, 'b': 1}, {'b': 1}], {'h': 0.5}, (range(2),))"),
+    ok("the trusted test passes them back in",
+       "from collections import Counter\n"
+       "def f(c):\n    return c + Counter('a') if c else Counter('b')\n",
+       "assert candidate(candidate(None)) == {'a': 1, 'b': 1}",
+       "assert candidate(Counter('aa'))['a'] == 3"),
+]
+
 # -- 4. control-flow exceptions ---------------------------------------------------------
 
 RAISES_STOP = "def f(x):\n    if x == 2:\n        raise StopIteration\n    return 2 * x\n"
@@ -101,7 +227,28 @@ FOOLS_IN_PROCESS = [
          ("assert sum(map(candidate, [1, 2])) == 0",), True),
 ]
 
-AGREE = CONTROL_FLOW
+ATTACKS = [
+    # an object of the candidate's own class never crosses, however it compares
+    Case("an always-equal str subclass",
+         "def f(x):\n    class S(str):\n        def __eq__(self, o):\n            return True\n"
+         "        __hash__ = str.__hash__\n    return S('no')\n",
+         ("assert candidate(1) == 'yes'",), True),
+    Case("an always-equal Counter subclass",
+         "from collections import Counter\ndef f(x):\n"
+         "    class C(Counter):\n        def __eq__(self, o):\n            return True\n"
+         "    return C()\n", ("assert candidate(1) == {'a': 1}",), True),
+    Case("a namedtuple whose __eq__ is always true",
+         "from typing import NamedTuple\nclass P(NamedTuple):\n    x: int\n"
+         "    def __eq__(self, o):\n        return True\n"
+         "def f(x):\n    return P(0)\n", ("assert candidate(1) == (1,)",), True),
+    Case("an iterator class of its own",
+         "class It:\n    def __iter__(self):\n        return self\n"
+         "    def __next__(self):\n        raise StopIteration\n"
+         "    def __eq__(self, o):\n        return True\n"
+         "def f(x):\n    return It()\n", ("assert candidate(1) == [1]",), True),
+]
+
+AGREE = RETURNS + CONTROL_FLOW
 
 
 @pytest.mark.parametrize("case", AGREE, ids=[c.name for c in AGREE])
@@ -123,6 +270,14 @@ def test_control_flow_exceptions_from_the_candidate_never_end_a_test_loop(runner
     assert "RuntimeError" in g.message and "Stop" in g.message, g.message
 
 
+@pytest.mark.parametrize("case", ATTACKS, ids=[c.name for c in ATTACKS])
+def test_candidate_classes_never_cross_whatever_their_eq(runner, case):
+    assert in_process(case.source, case.tests), "the ordinary harness is fooled"
+    g = grade(runner, case)
+    assert not g.passed, (g.outcome, g.message)
+    assert "not plain data" in g.message, g.message
+
+
 # -- what the harness does with what crosses --------------------------------------------
 
 def _harness():
@@ -133,6 +288,29 @@ def _harness():
     from trialbox.judge import codec
     sys.modules.setdefault("_trialbox_codec", codec)
     return importlib.import_module("trialbox.judge.harness_program")
+
+
+P = 2**61 - 1  # ints equal mod P share a hash
+FLOODS = {
+    "an iterator": "iter([i * P for i in range(1, 3000)])",
+    "a Counter's counts": "Counter({i: i * P for i in range(1, 3000)})",
+    "a namedtuple": "namedtuple('T', 'a b')(0, [i * P for i in range(1, 3000)])",
+    "a deque": "deque(i * P for i in range(1, 3000))",
+    "dict values": "{i: i * P for i in range(1, 3000)}.values()",
+    "Fractions": "[Fraction(i * P) for i in range(1, 3000)]",
+    "Decimals": "[Decimal(i * P) for i in range(1, 3000)]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FLOODS))
+def test_values_that_flood_a_set_are_refused_inside_stdlib_values_too(runner, name):
+    """The harness refuses an answer holding many distinct values of one hash, where a
+    trusted test's set() of them would be quadratic (docs/adversary.md, A) — wherever
+    they sit, also in the values the codec now rebuilds."""
+    source = (SETUP + f"P = {P}\ndef f():\n    return {FLOODS[name]}\n")
+    case = Case(name, source, ("assert len(set(list(candidate())[-1:])) >= 0",), False)
+    g = grade(runner, case)
+    assert not g.passed and "hash flooding" in g.message, (g.outcome, g.message)
 
 
 def test_control_flow_exceptions_are_rebuilt_as_runtime_errors():

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.judge.test_codec import EDGE_FLOATS, EDGE_INTS, plain_values, same
+from tests.judge.test_codec import EDGE_FLOATS, EDGE_INTS, plain_values, same, stdlib_values
 from trialbox.judge import codec
 
 
@@ -31,6 +31,13 @@ def test_load_builds_what_decode_builds(stub, value):
     assert same(got, want) and same(got[1][0], value)
     if "nan" not in repr(want):  # hash(nan) is its address: no order to compare
         assert repr(got) == repr(want)  # built in the same order: same iteration order
+
+
+@settings(max_examples=200, deadline=None)
+@given(stdlib_values)
+def test_load_builds_the_stdlib_values_decode_builds(stub, value):
+    data = codec.encode([7, [value]])
+    assert same(stub.load(data), codec.decode(data))
 
 
 SCALARS = [None, True, False, "", "ok", "é ü ∑ 😀", "\ud800", "\x00\"\\/\n", "x" * 70_000,

@@ -65,7 +65,7 @@ def _build(j):
         return {_build(x) for x in v}
     if tag == "frozenset":
         return frozenset([_build(x) for x in v])
-    raise ValueError("unknown tag %r" % (tag,))
+    return codec._rebuild(tag, _build(v), codec._Made())  # a Counter, a namedtuple...
 
 
 def load(data):

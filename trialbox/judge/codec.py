@@ -9,6 +9,17 @@ ints within +-2**53, finite floats, str and lists stand for themselves, all else
 {"t":"dict","v":[["k",{"t":"set","v":[-0.0]}]]},{"t":"int","v":"10000000000000000"}].
 `decode` builds only those builtins and accepts only the one encoding `encode` makes of a
 value. Stdlib only, no trialbox imports: the sandbox's stub (python3.11) imports it too.
+
+What the standard library returns every day crosses as what it is, rebuilt from plain
+data by decode as the *exact* stdlib type (never the sender's class, so no `__eq__` of
+the candidate's rides along): tagged {"t": NAME, "v": payload}, the payload a plain value
+encoded as above (`_STDLIB`): Counter, OrderedDict, defaultdict (default_factory only
+from `_FACTORIES`, else None: equal all the same), deque, namedtuple (a namedtuple class
+made here with the same type and field names: a subclass's methods and a class's own
+comparisons stay behind, and a class overriding them is refused), bytearray, range,
+Fraction, Decimal, the dict views, and iterators of the builtins, itertools and
+collections (generators, map, zip, ...), read to the end (within the limits) by
+`encode` and rebuilt as an iterator over a list: `list(...)`, `next()` and `for` work.
 """
 
 from __future__ import annotations
@@ -17,20 +28,36 @@ import base64
 import json
 import math
 import re
-from collections import Counter
+import sys
+from collections import Counter, OrderedDict, defaultdict, deque, namedtuple
 from collections.abc import Callable, Iterable
 from functools import partial
+from itertools import islice
 from typing import Any
 
 MAX_DEPTH = 64  # containers nested in one another, the outermost counting 1
 MAX_ITEMS = 1_000_000  # values in all: every container, element, dict key and dict value
 MAX_SIZE = 16 << 20  # bytes of encoding
 MAX_SAME_HASH = 16  # set elements / dict keys sharing one hash; more is hash flooding
+MAX_FRACTION_BITS = 8192  # a Fraction's terms: decode's gcd stays ~0.1 ms each
+MAX_FIELDS = 256  # of one namedtuple
+MAX_NEW_CLASSES = 32  # namedtuple classes one decode may make (each ~0.1 ms, kept in _CLASSES)
 _SAFE_INT = 2**53  # JSON readers keep ints this large exactly; larger ones are tagged
 _HEX_INT = re.compile(r"-?[1-9a-f][0-9a-f]*")  # format(n, "x") of a big int
 _index, _item, _key = "[{}]".format, "<item {}>".format, "<key {}>".format  # path steps
 _dumps = json.encoder.encode_basestring_ascii  # JSONEncoder's for a str: ASCII, \u-escaped
 _tag = '{{"t":"{}","v":{}}}'.format  # _tag("tuple", "[1,2]") == '{"t":"tuple","v":[1,2]}'
+_FACTORIES = {f.__name__: f for f in (int, float, str, bytes, bool, list, tuple, dict, set,
+                                      frozenset, Counter, OrderedDict, deque)}
+_EMPTY: tuple[dict[Any, Any], ...] = ({}, OrderedDict())
+_VIEWS = tuple((type(view), name) for d in _EMPTY for view, name in (
+    (d.keys(), "keys"), (d.values(), "values"), (d.items(), "items")))
+_ITER_MODULES = ("builtins", "itertools", "_collections")  # generators, map, zip, count...
+_STDLIB = frozenset({"Counter", "OrderedDict", "defaultdict", "deque", "namedtuple",
+                     "bytearray", "range", "Fraction", "Decimal", "keys", "values", "items",
+                     "iter"})
+_CLASSES: dict[tuple[str, tuple[str, ...]], Any] = {}  # namedtuple classes decode made
+_NOT_TUPLE_EQ = {"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__"}
 
 
 class CodecError(ValueError):
@@ -68,8 +95,56 @@ def _value_of(keys: list[Any]) -> Callable[[int], str]:
     return step
 
 
+def _as_plain(v: Any, budget: int, iters: dict[int, list[Any]] | None) -> tuple[str, Any]:
+    """(tag, plain payload) of a stdlib value encode carries (the module docstring); an
+    iterator is read to its end or `budget` + 1 items, unless decode made it (`iters`)."""
+    t = type(v)
+    if t is Counter or t is OrderedDict:
+        return t.__name__, dict(v)
+    if t is defaultdict:
+        f = v.default_factory
+        return "defaultdict", [next((n for n, g in _FACTORIES.items() if g is f), None), dict(v)]
+    if t is deque:
+        return "deque", [v.maxlen, list(v)]
+    if t is bytearray:
+        return "bytearray", bytes(v)
+    if t is range:
+        return "range", [v.start, v.stop, v.step]
+    view = next((name for c, name in _VIEWS if c is t), None)
+    if view is not None:
+        return view, dict.fromkeys(v) if view == "keys" else dict(v) if view == "items" else list(v)
+    if t is _loaded("fractions", "Fraction"):
+        return "Fraction", [v.numerator, v.denominator]
+    if t is _loaded("decimal", "Decimal"):
+        return "Decimal", str(v)
+    if isinstance(v, tuple) and (fields := _fields(t)) is not None:
+        return "namedtuple", [t.__name__, list(fields), list(v)]
+    if t.__module__ in _ITER_MODULES and hasattr(t, "__next__"):
+        made = iters.get(id(v)) if iters else None
+        return "iter", list(islice(v, budget + 1)) if made is None else made
+    raise _Bad(f"type {t.__name__} is not plain data")
+
+
+def _loaded(module: str, name: str) -> Any:
+    """module.name if the module is imported (else no value of it can exist), or None."""
+    m = sys.modules.get(module)
+    return None if m is None else m.__dict__.get(name)
+
+
+def _fields(t: type) -> Any:
+    """The field names of a namedtuple class (or of a subclass of one), or None for a
+    tuple subclass that is not one or that compares otherwise than a tuple."""
+    fields = None
+    for c in t.__mro__[:-2]:
+        if _NOT_TUPLE_EQ & c.__dict__.keys():
+            return None
+        fields = c.__dict__.get("_fields", None) if fields is None else fields
+    ok = type(fields) is tuple and all(type(f) is str for f in fields)
+    return fields if ok and t.__mro__[-2:] == (tuple, object) else None
+
+
 def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
-           max_items: int = MAX_ITEMS) -> bytes:
+           max_items: int = MAX_ITEMS, _iters: dict[int, list[Any]] | None = None) -> bytes:
     """Encode plain data; CodecError names the path to anything else: at [2]['k']: ..."""
     items = size = 0  # size: a lower bound on the output, to stop early on huge values
     open_ids: set[int] = set()  # containers on the current path, to catch cycles
@@ -91,8 +166,14 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
         if type(v) is bytes:
             return _tag("bytes", '"%s"' % base64.b64encode(v).decode("ascii"))
         if not (type(v) is list or type(v) is tuple or type(v) is dict or type(v) is set
-                or type(v) is frozenset):
-            raise _Bad(f"type {type(v).__name__} is not plain data")
+                or type(v) is frozenset):  # a stdlib value, as its tag and plain payload
+            if id(v) in open_ids:
+                raise _Bad(f"cycle: this {type(v).__name__} contains itself")
+            tag, payload = _as_plain(v, max_items - items, _iters)
+            open_ids.add(id(v))
+            out = _tag(tag, enc(depth, payload))
+            open_ids.discard(id(v))
+            return out
         if depth >= max_depth:
             raise _Bad(f"nested more than {max_depth} deep")
         if id(v) in open_ids:
@@ -120,6 +201,70 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
     return data
 
 
+class _Made:
+    """What one decode built that its encode must know (the list behind each iterator,
+    by id: reading the iterator would empty it) or that costs (namedtuple classes)."""
+
+    __slots__ = ("iters", "classes")
+
+    def __init__(self) -> None:
+        self.iters: dict[int, list[Any]] = {}
+        self.classes = 0
+
+
+def _rebuild(tag: str, p: Any, made: _Made) -> Any:
+    """The stdlib value of `tag` from its decoded payload `p` (see `_as_plain`)."""
+    n = len(p) if type(p) is list else -1
+    ints = n in (2, 3) and all(type(x) is int for x in p)
+    if type(p) is dict and tag in ("Counter", "OrderedDict", "keys", "items"):
+        return (Counter(p) if tag == "Counter" else OrderedDict(p) if tag == "OrderedDict"
+                else p.keys() if tag == "keys" else p.items())
+    if tag == "defaultdict" and n == 2 and type(p[1]) is dict and (
+            p[0] is None or type(p[0]) is str and p[0] in _FACTORIES):
+        return defaultdict(None if p[0] is None else _FACTORIES[p[0]], p[1])
+    if tag == "deque" and n == 2 and type(p[1]) is list and (
+            p[0] is None or type(p[0]) is int and 0 <= p[0] <= sys.maxsize):
+        return deque(p[1], p[0])
+    if tag == "values" and n >= 0:
+        return dict(enumerate(p)).values()
+    if tag == "iter" and n >= 0:
+        it = iter(p)
+        made.iters[id(it)] = p  # unique: the value holds every iterator until encode
+        return it
+    if tag == "bytearray" and type(p) is bytes:
+        return bytearray(p)
+    if tag == "range" and n == 3 and ints and p[2]:
+        return range(*p)
+    if tag == "Fraction" and n == 2 and ints and p[1] > 0 and max(
+            p[0].bit_length(), p[1].bit_length()) <= MAX_FRACTION_BITS:
+        from fractions import Fraction  # imported when needed: the zygote stays lean
+        return Fraction(*p)  # terms not in lowest form are not the canonical encoding
+    if tag == "Decimal" and type(p) is str:
+        from decimal import Decimal
+        try:
+            return Decimal(p)  # a spelling str() would not give is refused by decode
+        except (ArithmeticError, ValueError):
+            raise _Bad("malformed Decimal") from None
+    if tag == "namedtuple" and n == 3 and type(p[0]) is str and type(p[1]) is list and \
+            type(p[2]) is list and len(p[1]) == len(p[2]) <= MAX_FIELDS and all(
+                type(f) is str for f in p[1]):
+        key = (p[0], tuple(p[1]))
+        nt: Any = _CLASSES.get(key)
+        if nt is None:
+            made.classes += 1
+            if made.classes > MAX_NEW_CLASSES:
+                raise _Bad(f"more than {MAX_NEW_CLASSES} namedtuple classes")
+            try:  # names are checked to be identifiers, not keywords, not _private
+                nt = namedtuple(p[0], p[1])  # type: ignore[misc,no-redef]
+            except Exception as e:  # ValueError; SyntaxError: two names one in NFKC form
+                raise _Bad(f"bad namedtuple: {str(e)[:100]}") from None
+            if len(_CLASSES) >= 1024:
+                _CLASSES.clear()
+            _CLASSES[key] = nt
+        return nt._make(p[2])
+    raise _Bad(f"malformed payload of {tag}")
+
+
 def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
            max_items: int = MAX_ITEMS) -> Any:
     """The value `encode` made `data` from; CodecError for bytes it could not have made."""
@@ -132,10 +277,10 @@ def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
         tree = _read_json(data.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # also UnicodeDecodeError, CodecError
         raise CodecError(f"not UTF-8 JSON: {e}") from None
-    items = 0
+    items, made = 0, None  # made: a _Made, once a stdlib value is met
 
     def dec(depth: int, j: Any) -> Any:
-        nonlocal items
+        nonlocal items, made
         items += 1
         if items > max_items:
             raise _Bad(f"more than {max_items} values")
@@ -157,6 +302,9 @@ def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
             except ValueError:  # binascii.Error, or a non-ASCII str
                 raise _Bad("malformed base64") from None
         if tag not in (None, "tuple", "dict", "set", "frozenset") or type(v) is not list:
+            if tag in _STDLIB:
+                made = made or _Made()
+                return _rebuild(tag, dec(depth, v), made)
             raise _Bad(f"unknown tag or malformed payload: {str(tag)[:40]!r}")
         if depth >= max_depth:
             raise _Bad(f"nested more than {max_depth} deep")
@@ -185,7 +333,8 @@ def decode(data: bytes, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPTH,
         value = dec(0, tree)
     except _Bad as e:
         raise e.error() from None
-    if encode(value, max_size=max_size, max_depth=max_depth, max_items=max_items) != data:
+    if encode(value, max_size=max_size, max_depth=max_depth, max_items=max_items,
+              _iters=None if made is None else made.iters) != data:
         raise CodecError("not the canonical encoding of its value (spacing, number form...)")
     return value
 

@@ -34,6 +34,8 @@ Standalone: imports nothing from trialbox (it is copied into the sandbox).
 """
 
 import builtins
+import collections
+import collections.abc
 import json
 import os
 import random
@@ -81,7 +83,8 @@ def _json_values(data, limit):
 
 def _hashable(value):
     """The values in `value` whose hash a sender can choose: ints, floats, tuples and
-    frozensets (str and bytes hash with the interpreter's secret SipHash key)."""
+    frozensets (str and bytes hash with the interpreter's secret SipHash key), and the
+    stdlib values the codec rebuilds (`_stdlib_hashable`)."""
     found, todo = [], [value]
     while todo:
         v = todo.pop()
@@ -96,7 +99,31 @@ def _hashable(value):
         elif t is tuple or t is frozenset:
             found.append(v)
             todo.extend(v)
+        elif not (t is str or t is bytes or t is bool or v is None):
+            _stdlib_hashable(v, found, todo)
     return found
+
+
+_LIST_ITERATOR = type(iter([]))
+
+
+def _stdlib_hashable(v, found, todo):
+    """`_hashable` for a value of codec._STDLIB (decoded: trusted types only). Counter,
+    OrderedDict, defaultdict, deque, dict views and iterators are walked (an iterator
+    through its list, not read); namedtuples, ranges, Fractions and Decimals hash as
+    their sender chose."""
+    if isinstance(v, dict):
+        todo.extend(v.keys())
+        todo.extend(v.values())
+    elif type(v) is _LIST_ITERATOR:
+        todo.extend(v.__reduce__()[1][0])  # (iter, (the list,), position)
+    elif isinstance(v, (collections.deque, collections.abc.MappingView)):
+        todo.extend(v)
+    elif isinstance(v, tuple):
+        found.append(v)
+        todo.extend(v)
+    elif type(v) is not bytearray:  # a range, a Fraction, a Decimal
+        found.append(v)
 
 
 def _flooded(values):
@@ -287,7 +314,7 @@ class _Channel:
             if got_id != call_id:
                 continue  # the late answer to a call that already timed out
             if kind == "ok":
-                if type(value) in (list, tuple, dict, set, frozenset):
+                if type(value) not in _SCALARS:
                     self.answers.append(value)
                 return value
             if kind == "raised":
@@ -308,12 +335,15 @@ class _Channel:
             budget -= 1
             if id(v) in mine:
                 return True
-            if type(v) in (list, tuple, set, frozenset):
-                todo.extend(v)
-            elif type(v) is dict:
+            if isinstance(v, dict):
                 todo.extend(v.keys())
                 todo.extend(v.values())
+            elif isinstance(v, (list, tuple, set, frozenset, collections.deque)):
+                todo.extend(v)
         return False
+
+
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
 
 
 class TestDataError(Exception):
