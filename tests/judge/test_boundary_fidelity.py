@@ -195,6 +195,53 @@ RETURNS = [
        "assert candidate(Counter('aa'))['a'] == 3"),
 ]
 
+# -- 2. keyword arguments ---------------------------------------------------------------
+
+KEYWORDS = [
+    ok("keyword arguments",
+       "def f(xs, reverse=False, *, key=None):\n    return sorted(xs, reverse=reverse, key=key)\n",
+       "assert candidate([3, 1, 2], reverse=True) == [3, 2, 1]",
+       "assert candidate([3, 1, 2], reverse=False) == [1, 2, 3]",
+       "assert candidate(xs=[2, 1]) == [1, 2]",
+       "assert candidate([1, 2], **{'reverse': True}) == [2, 1]",
+       "try:\n    candidate([1], bogus=1)\nexcept TypeError:\n    pass\n"
+       "else:\n    raise AssertionError('no TypeError')"),
+    wrong("keyword argument ignored",
+          "def f(xs, reverse=False):\n    return sorted(xs)\n",
+          "assert candidate([3, 1, 2], reverse=True) == [3, 2, 1]"),
+]
+
+# -- 3. in-place changes to the arguments -------------------------------------------------
+
+IN_PLACE = [
+    ok("sorts in place", "def f(xs):\n    xs.sort()\n",
+       "xs = [3, 1, 2]\ncandidate(xs)\nassert xs == [1, 2, 3]"),
+    wrong("was to sort in place, returns a sorted copy", "def f(xs):\n    return sorted(xs)\n",
+          "xs = [3, 1, 2]\ncandidate(xs)\nassert xs == [1, 2, 3]"),
+    ok("leaves its input alone", "def f(xs):\n    return sorted(xs)\n",
+       "xs = [3, 1, 2]\nassert candidate(xs) == [1, 2, 3]\nassert xs == [3, 1, 2]"),
+    wrong("was to leave its input alone, sorts it", "def f(xs):\n    xs.sort()\n    return xs\n",
+          "xs = [3, 1, 2]\nassert candidate(xs) == [1, 2, 3]\nassert xs == [3, 1, 2]"),
+    ok("nested lists, inner lists kept",
+       "def f(grid):\n    for row in grid:\n        row.sort()\n",
+       "grid = [[3, 1], [2, 0]]\nrow = grid[0]\ncandidate(grid)\n"
+       "assert grid == [[1, 3], [0, 2]] and row is grid[0] and row == [1, 3]"),
+    ok("dict, set, bytearray, Counter and deque in place",
+       "def f(d, s, b, c, q):\n    d['b'] = 2\n    s.discard(1)\n    b.reverse()\n"
+       "    c['x'] += 1\n    q.appendleft(0)\n",
+       "d, s, b, c, q = {'a': 1}, {1, 2}, bytearray(b'ab'), Counter(), deque([1])\n"
+       "candidate(d, s, b, c, q)\n"
+       "assert d == {'a': 1, 'b': 2} and s == {2} and b == b'ba' and c == {'x': 1}"
+       " and q == deque([0, 1])"),
+    ok("an argument passed by keyword", "def f(xs):\n    xs.append(len(xs))\n",
+       "xs = [5]\ncandidate(xs=xs)\ncandidate(xs=xs)\nassert xs == [5, 1, 2]"),
+    ok("a list inside a tuple", "def f(t):\n    t[0].sort()\n",
+       "t = ([2, 1], 'x')\ncandidate(t)\nassert t == ([1, 2], 'x')"),
+    ok("changed, then raises",
+       "def f(xs):\n    xs.append(0)\n    raise ValueError('full')\n",
+       "xs = [1]\ntry:\n    candidate(xs)\nexcept ValueError:\n    pass\nassert xs == [1, 0]"),
+]
+
 # -- 4. control-flow exceptions ---------------------------------------------------------
 
 RAISES_STOP = "def f(x):\n    if x == 2:\n        raise StopIteration\n    return 2 * x\n"
@@ -248,7 +295,7 @@ ATTACKS = [
          "def f(x):\n    return It()\n", ("assert candidate(1) == [1]",), True),
 ]
 
-AGREE = RETURNS + CONTROL_FLOW
+AGREE = RETURNS + KEYWORDS + IN_PLACE + CONTROL_FLOW
 
 
 @pytest.mark.parametrize("case", AGREE, ids=[c.name for c in AGREE])
@@ -311,6 +358,31 @@ def test_values_that_flood_a_set_are_refused_inside_stdlib_values_too(runner, na
     case = Case(name, source, ("assert len(set(list(candidate())[-1:])) >= 0",), False)
     g = grade(runner, case)
     assert not g.passed and "hash flooding" in g.message, (g.outcome, g.message)
+
+
+def test_in_place_changes_keep_the_tests_inner_objects_and_refuse_impossible_ones():
+    h = _harness()
+    grid = [[3, 1], {"k": [2]}, (1, [5]), "s"]
+    row, inner, held = grid[0], grid[1]["k"], grid[2][1]
+    h._apply_changes([grid], {}, [[0, [[1, 3], {"k": [2, 0]}, (1, [6]), "s"]]])
+    assert grid == [[1, 3], {"k": [2, 0]}, (1, [6]), "s"]
+    assert grid[0] is row and grid[1]["k"] is inner and grid[2][1] is held
+    xs = [float("nan"), 1]
+    h._apply_changes([], {"xs": xs}, [["xs", [float("nan"), 2]]])
+    assert xs[1] == 2
+    d = {"a": 1, "b": 2}
+    h._apply_changes([d], {}, [[0, {"b": 2, "a": 1}]])  # another order: filled again
+    assert list(d) == ["b", "a"]
+    for args, kwargs, changes in [
+            ([[1]], {}, [[1, [2]]]),  # no such argument
+            ([[1]], {}, [[True, [2]]]),  # a bool is no position
+            ([[1]], {"k": [1]}, [["j", [2]]]),
+            ([[1]], {}, [[0, (2,)]]),  # another type
+            ([5], {}, [[0, 6]]),  # an int changes in no call
+            ([(1, [2])], {}, [[0, (2, [2])]]),  # nor does a tuple's own item
+            ([[1]], {}, [[0]]), ([[1]], {}, ["x"])]:
+        with pytest.raises(h.CandidateError, match="malformed answer"):
+            h._apply_changes(args, kwargs, changes)
 
 
 def test_control_flow_exceptions_are_rebuilt_as_runtime_errors():

@@ -40,6 +40,18 @@ def test_load_builds_the_stdlib_values_decode_builds(stub, value):
     assert same(stub.load(data), codec.decode(data))
 
 
+def test_changed_reports_only_the_arguments_a_call_changed(stub):
+    data = codec.encode([1, [[3, 1], 5, {"k": [1]}, (1, [2]), frozenset({1})], {"kw": [0]}])
+    (call_id, args, kwargs), tree = stub._load(data)
+    assert stub._changed(args, kwargs, tree) is None
+    args[0].sort()
+    args[2]["k"].append(2)
+    args[3][1].clear()
+    kwargs["kw"].append(1)
+    assert stub._changed(args, kwargs, tree) == [
+        [0, [1, 3]], [2, {"k": [1, 2]}], [3, (1, [])], ["kw", [0, 1]]]
+
+
 SCALARS = [None, True, False, "", "ok", "é ü ∑ 😀", "\ud800", "\x00\"\\/\n", "x" * 70_000,
            *EDGE_INTS, *EDGE_FLOATS, 10**30, -(10**30), 1e16, 1e-7, 0.1]
 

@@ -3,10 +3,14 @@
 interpreter, else imported from the copy in /workspace), next to `solution.py`.
 
 It loads the solution, then serves calls from the trusted harness over fd 3: each
-request is a frame (4-byte big-endian length + codec bytes) holding [call id, args];
-each answer is [call id, "ok", value] / [call id, "raised", [name, args]] (the nearest
-built-in class of the exception and its args, as plain data: the harness raises that
-built-in class in the test) / [call id, "bad_return", text]. Nothing here is trusted:
+request is a frame (4-byte big-endian length + codec bytes) holding [call id, args] or
+[call id, args, kwargs]; each answer is [call id, "ok", value] / [call id, "raised",
+[name, args]] (the nearest built-in class of the exception and its args, as plain data:
+the harness raises that built-in class in the test) / [call id, "bad_return", text].
+An "ok" or "raised" answer carries a fourth element when the call changed arguments in
+place: [[position or keyword, new value], ...] (`_changed`), which the harness applies
+to the test's own objects, so in-place semantics are those of an in-process call.
+Nothing here is trusted:
 the candidate shares this process and may rewrite any of it. Whatever comes back over
 fd 3 is only ever decoded as plain data by the harness and compared there — so
 tampering can make tests fail, never pass.
@@ -74,7 +78,14 @@ def load(data):
     the judge against a hostile sender; here the sender is the judge, and this process
     is the candidate's anyway — it could rewrite any check. A third of the candidate's
     CPU per call went to them."""
-    return _build(_read_json(data.decode("utf-8")))
+    return _load(data)[0]
+
+
+def _load(data):
+    """(value, its JSON tree): the tree is never shared with the value (`_build` makes
+    new containers), so it stays what the harness sent — `_changed` compares with it."""
+    tree = _read_json(data.decode("utf-8"))
+    return _build(tree), tree
 
 
 def recv():
@@ -85,7 +96,42 @@ def recv():
     if n > MAX_FRAME:
         return None
     body = _read_exact(n)
-    return None if body is None else load(body)
+    return None if body is None else _load(body)
+
+
+_IMMUTABLE_TAGS = frozenset({"int", "float", "bytes", "frozenset", "range", "Fraction",
+                             "Decimal", "iter", "keys", "values", "items"})
+
+
+def _changed(args, kwargs, tree):
+    """[[position or keyword, value], ...] for each argument the call changed in place
+    (None if none did): its value now differs from the one the harness sent (`tree`:
+    [id, args, kwargs?] as JSON). An argument sent as a JSON array (a list of scalars,
+    strs, lists) is compared with its tree as it is — one C-speed `==`, the common
+    case —; a tagged container that may hold something mutable (a dict, a set, a tuple
+    of lists...) with a copy built afresh; scalars and immutable values not at all."""
+    out = None
+    for i, sent in enumerate(tree[1]):
+        t = type(sent)
+        if t is list or t is tuple and sent[0][1] not in _IMMUTABLE_TAGS:
+            out = _compare(i, args[i], sent, out)
+    if kwargs:
+        for k, sent in tree[2][1][1]:  # {"t": "dict", "v": [[key, value], ...]}
+            t = type(sent)
+            if t is list or t is tuple and sent[0][1] not in _IMMUTABLE_TAGS:
+                out = _compare(k, kwargs[k], sent, out)
+    return out
+
+
+def _compare(key, value, sent, out):
+    try:
+        same = type(sent) is list and value == sent or value == _build(sent)
+    except BaseException:  # the candidate's objects compared
+        same = False
+    if not same:
+        out = out or []
+        out.append([key, value])
+    return out
 
 
 def _frame(obj):
@@ -116,24 +162,33 @@ def _write(data):
         view = view[os.write(CHANNEL, view):]
 
 
-def _raised(call_id, exc):
+def _raised(call_id, exc, changes=None):
     """The "raised" answer for `exc`: [name, args] of its nearest built-in class (a
     class of the solution's own crosses as the built-in it derives from), args as plain
-    data or, failing that, its text."""
+    data or, failing that, its text; with the arguments it changed, if any."""
     try:
         cls = next(c for c in type(exc).__mro__ if c.__module__ == "builtins")
         name = cls.__name__
     except Exception:
         name = "Exception"
+    tail = [changes] if changes else []
     try:
-        return _frame([call_id, "raised", [name, list(exc.args)]])
+        return _frame([call_id, "raised", [name, list(exc.args)], *tail])
     except Exception:
         pass
     try:
         text = str(exc)[:2000]
     except Exception:
         text = ""
-    return _frame([call_id, "raised", [name, [text]]])
+    try:
+        return _frame([call_id, "raised", [name, [text]], *tail])
+    except Exception as e:  # the changed arguments are not plain data
+        return _frame([call_id, "bad_return", _changes_text(e)])
+
+
+def _changes_text(e):
+    return ("an argument changed in place that is no longer plain data: %s"
+            % (e,))[:2000]
 
 
 def _read_source():
@@ -168,19 +223,25 @@ def main():
         return
     send([0, "ready", None])
     while True:
-        msg = recv()
-        if msg is None:
+        got = recv()
+        if got is None:
             return
+        msg, tree = got
         call_id, args = msg[0], msg[1]
+        kwargs = msg[2] if len(msg) > 2 else None
         try:
-            value = fn(*args)
+            value = fn(*args, **kwargs) if kwargs else fn(*args)
         except BaseException as e:
-            _write(_raised(call_id, e))
+            _write(_raised(call_id, e, _changed(args, kwargs, tree)))
             continue
-        try:
-            send([call_id, "ok", value])
-        except codec.CodecError as e:
-            send([call_id, "bad_return", str(e)[:2000]])
+        changes = _changed(args, kwargs, tree)
+        try:  # encode reads a returned iterator (a generator...) to its end: it may raise
+            send([call_id, "ok", value, changes] if changes else [call_id, "ok", value])
+        except codec.CodecError as e:  # "at [2]...": the value; "at [3]...": an argument
+            text = _changes_text(e) if str(e).startswith("at [3]") else str(e)[:2000]
+            send([call_id, "bad_return", text])
+        except BaseException as e:  # raised by the candidate's code
+            _write(_raised(call_id, e, changes))
 
 
 if __name__ == "__main__":

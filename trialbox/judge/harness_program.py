@@ -7,8 +7,10 @@ job in its own process (see its docstring) — a job then costs neither a sandbo
 a fork.
 
 It runs the task's test code with `candidate` bound to a proxy: calling it sends the
-arguments as plain data to the candidate process and returns the decoded plain-data
-answer. Each test is one statement; it passes only if it runs here without raising.
+arguments, positional and keyword, as plain data to the candidate process, gives the
+test's own argument objects the state the call left its copies in (`_apply_changes`:
+in-place semantics as in-process) and returns the decoded answer. Each test is one
+statement; it passes only if it runs here without raising.
 The results are printed as one JSON line carrying the nonce read from stdin, which the
 candidate never sees — the judge accepts no other evidence.
 
@@ -276,8 +278,10 @@ class _Channel:
                             "unreadable answer: hash flooding: more than %d distinct values "
                             "share one hash (a set of them is quadratic to build)"
                             % codec.MAX_SAME_HASH)
-                    if type(msg) is not list or len(msg) != 3 or type(msg[0]) is not int \
-                            or type(msg[1]) is not str or msg[1] not in KINDS:
+                    if type(msg) is not list or not 3 <= len(msg) <= 4 \
+                            or type(msg[0]) is not int or type(msg[1]) is not str \
+                            or msg[1] not in KINDS or len(msg) == 4 and (
+                                msg[1] not in ("ok", "raised") or type(msg[3]) is not list):
                         raise CandidateError("malformed answer")
                     return msg
             self._fill(deadline)
@@ -288,15 +292,15 @@ class _Channel:
         while view:
             view = view[os.write(self.fd, view):]
 
-    def call(self, args):
+    def call(self, args, kwargs):
         if self.gone:
             raise CandidateError(self.gone)
         call_id = self.next_id
         self.next_id += 1
         try:
-            self.send([call_id, list(args)])
+            self.send([call_id, list(args), kwargs] if kwargs else [call_id, list(args)])
         except codec.CodecError as e:
-            if self._carries_answer(args):  # e.g. an answer fed back one level too deep
+            if self._carries_answer([args, kwargs]):  # e.g. an answer fed back too deep
                 raise CandidateError("the candidate's own answer, passed back to it by the "
                                      "test, is not plain data within the codec's limits: "
                                      + _exc_text(e)) from None
@@ -308,11 +312,14 @@ class _Channel:
         deadline = time.monotonic() + self.call_timeout
         while True:
             try:
-                got_id, kind, value = self.recv(deadline)
+                msg = self.recv(deadline)
             except TimeoutError:
                 raise CandidateError("no answer within %.1f s" % self.call_timeout) from None
+            got_id, kind, value = msg[0], msg[1], msg[2]
             if got_id != call_id:
                 continue  # the late answer to a call that already timed out
+            if len(msg) == 4:  # the arguments it changed in place
+                _apply_changes(args, kwargs, msg[3])
             if kind == "ok":
                 if type(value) not in _SCALARS:
                     self.answers.append(value)
@@ -344,6 +351,74 @@ class _Channel:
 
 
 _SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
+_MUTABLE = (list, dict, set, bytearray, collections.deque)
+_CONTAINERS = (*_MUTABLE, tuple)
+
+
+def _apply_changes(args, kwargs, changes):
+    """Give the test's own argument objects the state the candidate left its copies in
+    ([[position or keyword, value], ...]), as an in-process call would have left them.
+    A change no call could make (an argument that is not there, another type, an
+    immutable value) is a malformed answer: the call fails."""
+    for change in changes:
+        if type(change) is list and len(change) == 2:
+            key, new = change
+            if type(key) is int and 0 <= key < len(args):
+                old = args[key]
+            elif type(key) is str and kwargs and key in kwargs:
+                old = kwargs[key]
+            else:
+                old = _MISSING
+            if old is not _MISSING and _assign(old, new):
+                continue
+        raise CandidateError("malformed answer: a change to an argument no call could make")
+
+
+def _assign(old, new):
+    """Make the test's container `old` equal `new` in place, keeping the containers in
+    it that `_keep` can keep (a test may hold one: `row = grid[0]`). False if no call
+    could have turned `old` into `new` in place."""
+    if isinstance(old, tuple):  # only what it holds can have changed (a namedtuple
+        return isinstance(new, tuple) and len(old) == len(new) and all(  # arrives as
+            map(_keep, old, new))  # the codec's class of that name)
+    if type(old) is not type(new) or not isinstance(old, _MUTABLE):
+        return False
+    if isinstance(old, (set, bytearray, collections.deque)):
+        if not _equal(old, new):
+            old.clear()
+            if type(old) is set:
+                old.update(new)
+            else:
+                old.extend(new)
+        return True
+    keys = range(len(new)) if type(old) is list else new.keys()
+    if len(old) != len(new) or type(old) is not list and list(old) != list(keys):
+        old.clear()  # another length, other keys or another order: filled again
+        if type(old) is list:
+            old.extend(new)
+        else:
+            for k in keys:
+                old[k] = new[k]
+        return True
+    for k in keys:
+        if not _keep(old[k], new[k]):
+            old[k] = new[k]
+    return True
+
+
+def _keep(a, b):
+    """Whether `a` may stay where `b` is now: it is `b`, equal to it, or a container
+    made equal to it in place."""
+    return a is b or _equal(a, b) or isinstance(a, _CONTAINERS) and _assign(a, b)
+
+
+def _equal(a, b):
+    """Equal as the same kind of value (NaN equal to NaN); both trusted values."""
+    try:
+        return (type(a) is type(b) or isinstance(a, tuple) and isinstance(b, tuple)) and (
+            bool(a == b) or a != a and b != b)
+    except Exception:  # e.g. a signalling Decimal NaN
+        return False
 
 
 class TestDataError(Exception):
@@ -396,7 +471,7 @@ def run_job(job, nonce, channel_fd):
         raise
     except BaseException as e:
         out["setup_error"] = _exc_text(e, 2000)
-    proxy = lambda *args: chan.call(args)  # noqa: E731
+    proxy = lambda *args, **kwargs: chan.call(args, kwargs)  # noqa: E731
     namespace["candidate"] = proxy
     namespace[job["entry_point"]] = proxy  # tests may call the function by its own name
     for test in job["tests"]:
