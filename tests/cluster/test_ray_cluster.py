@@ -435,9 +435,13 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
     k = cluster.add_node(num_cpus=1, resources=node_resources(2, "fake", "namespace"))
     joined: list[Any] = []
 
+    from trialbox.telemetry import use_metrics
+    from trialbox.telemetry.alerts import Evaluator
+
     async def body() -> None:
         async with RayBackend(config(cluster, min_nodes=3)) as be:
             await be.load("w", FakeWorkload(tier="namespace", seconds=0.5))
+            assert metrics.value("trialbox_node_up", node=nid(k)) == 1.0  # set on joining
             killed_at = [0.0]
 
             async def chaos() -> None:
@@ -463,11 +467,24 @@ def test_killed_node_work_finishes_elsewhere_and_joining_node_gets_work(
             assert nid(k) in be.lost and be.placer.stats.fenced >= 2
             # the node added mid-run received work without a restart
             assert any(x["node"] == nid(joined[0]) for x in answers.values())
+            # the lost node's gauge fell, so the shipped TrialboxNodeDown alert fires
+            # for it (after the rule's `for:`), and for no node that still serves
+            assert metrics.value("trialbox_node_up", node=nid(k)) == 0.0
+            alerts = Evaluator()
+            alerts.evaluate(metrics, now=1000.0)
+            down = [a for a in alerts.evaluate(metrics, now=1000.0 + 3600)
+                    if a.name == "TrialboxNodeDown"]
+            assert [(a.state, a.labels["node"]) for a in down] == [("firing", nid(k))]
         assert "error" in be.close_reports.pop(nid(k))  # dead: nothing to close there
+        # nodes closed cleanly at the end leave no series: no alert for them
+        assert metrics.value("trialbox_node_up", node=nid(joined[0])) == 0.0
+        assert not [labels for labels, _ in metrics.samples().get("trialbox_node_up", ())
+                    if labels["node"] != nid(k)]
         for node, rep in be.close_reports.items():
             assert rep["leaks"] == {"cgroups": [], "state": [], "processes": []}, node
     try:
-        asyncio.run(body())
+        with use_metrics() as metrics:
+            asyncio.run(body())
     finally:
         if k in cluster.worker_nodes:  # the run failed before killing it
             cluster.remove_node(k, allow_graceful=False)

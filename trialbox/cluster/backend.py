@@ -47,6 +47,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from trialbox import telemetry
 from trialbox.cluster.channel import ChannelClient, ChannelClosed
 from trialbox.cluster.node import Node, NodeConfig, Workload, code_fingerprint
 from trialbox.cluster.placement import Lease, NodeInfo, NodeLost, Placer
@@ -459,6 +460,7 @@ class RayBackend:
             info["channel"] = "ray"
         self.members[nid] = m
         self.placer.add(NodeInfo(nid, slots, tiers, address))
+        telemetry.current().set_node_up(nid, True)  # TrialboxNodeDown watches it
         log.info("node %s joined: %d slots, tiers %s", nid, slots, tiers)
 
     def _mismatch(self, info: dict[str, Any]) -> str:
@@ -469,6 +471,7 @@ class RayBackend:
         if m is None:
             return
         fenced = self.placer.lose(nid, why)
+        telemetry.current().set_node_up(nid, False)  # fires TrialboxNodeDown
         log.warning("node %s lost (%s): %d leases fenced", nid, why, len(fenced))
         if m.ping is not None:
             m.ping.cancel()
@@ -493,6 +496,7 @@ class RayBackend:
             self.close_reports[nid] = {"error": str(e)}
         ray.kill(m.actor)
         self.placer.remove_drained(nid)
+        telemetry.current().forget_node(nid)  # left cleanly (drained, idle): no alert
 
     async def _close_lost(self, nid: str, actor: Any) -> None:
         """A lost node that answers again (it was only cut off) closes its pools; one
