@@ -75,8 +75,9 @@ def test_a_trialbox_server_grades_when_trialbox_url_is_set(
         monkeypatch.setenv("TRIALBOX_TOKEN", "s3cret")
         assert _score(loaded, "    return x + 1\n", ROW)["score"] == 1.0
         assert _score(loaded, "    return number\n", "HumanEval/2")["score"] == 0.0
+        assert _score(loaded, CPP_DOUBLE, IO)["score"] == 1.0  # verl's shape, in C++
         with server.client() as c:  # the grading happened there, not here
-            assert c.get("/v1/submissions").json()["total"] == 2
+            assert c.get("/v1/submissions").json()["total"] == 3
         monkeypatch.setenv("TRIALBOX_TOKEN", "wrong")
         with pytest.raises(UsageError, match="refused the submission \\(401\\)"):
             _score(loaded, "    return x + 1\n", ROW)
@@ -85,6 +86,59 @@ def test_a_trialbox_server_grades_when_trialbox_url_is_set(
     monkeypatch.setenv("TRIALBOX_TOKEN", "s3cret")  # the server is gone: excluded, not 0
     assert _score(loaded, "    return x + 1\n", ROW) == {"score": 0.0, "passed": 0.0,
                                                          "excluded": 1.0}
+
+
+CPP_DOUBLE = ("In C++:\n```cpp\n#include <cstdio>\nint main(){int x; scanf(\"%d\", &x); "
+              "printf(\"%d\\n\", 2 * x);}\n```\nRun it:\n```bash\n./a.out\n```\n")
+IO = {"inputs": ["2\n", "5\n"], "outputs": ["4\n", "10\n"]}
+
+
+def test_verls_inputs_outputs_shape_in_any_language_the_node_runs(
+        loaded: ModuleType) -> None:
+    """verl's code datasets give `ground_truth` as {"inputs", "outputs"} (or its JSON):
+    graded as stdio tests; the answer's language from its code block or extra_info."""
+    ok = {"score": 1.0, "passed": 1.0, "excluded": 0.0}
+    assert _score(loaded, "```python\nprint(int(input()) * 2)\n```", IO) == ok
+    assert _score(loaded, CPP_DOUBLE, json.dumps(IO)) == ok  # a C++ answer, not Python
+    assert loaded.compute_score(data_source="x", solution_str="print(int(input()) * 2)",
+                                ground_truth=IO, extra_info={"language": "python"}) == ok
+    assert _score(loaded, "```python\nprint(int(input()) + 2)\n```", IO)["score"] == 0.0
+    with pytest.raises(UsageError, match="call-based rows"):
+        _score(loaded, "x", {"inputs": [], "outputs": [], "fn_name": "f"})
+    with pytest.raises(UsageError, match="same length"):
+        _score(loaded, "x", {"inputs": ["1\n"], "outputs": []})
+
+
+def test_data_source_chooses_the_task_set(loaded: ModuleType, tmp_path: Any,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps(ROW) + "\n")
+    monkeypatch.setenv("TRIALBOX_TASK_SETS", json.dumps({"mine": str(mine)}))
+    score = loaded.compute_score(data_source="mine", solution_str="    return x + 1\n",
+                                 ground_truth="inline/inc")
+    assert score["score"] == 1.0
+    # another data source in the same process: the default set (humaneval)
+    assert _score(loaded, "    return number % 1.0\n", "HumanEval/2")["score"] == 1.0
+    monkeypatch.setenv("TRIALBOX_TASK_SETS", "[1]")
+    with pytest.raises(UsageError, match="TRIALBOX_TASK_SETS must be a JSON object"):
+        _score(loaded, "x", "HumanEval/2")
+
+
+def test_an_unreachable_server_is_loud_then_an_error(
+        loaded: ModuleType, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A dead TRIALBOX_URL: a warning naming it on every call (scored 0, excluded), and
+    an InfraError once `TRIALBOX_MAX_UNREACHABLE` calls in a row went unanswered."""
+    from trialbox.errors import InfraError
+    monkeypatch.setenv("TRIALBOX_URL", "http://127.0.0.1:9")  # discard port: refused
+    monkeypatch.setenv("TRIALBOX_MAX_UNREACHABLE", "3")
+    monkeypatch.setattr(loaded, "_unreachable", 0)
+    with caplog.at_level("WARNING"):
+        for n in (1, 2):
+            assert _score(loaded, "    return x + 1\n", ROW)["excluded"] == 1.0
+            assert f"({n} in a row)" in caplog.text and "127.0.0.1:9" in caplog.text
+        with pytest.raises(InfraError, match="answered none of the last 3"):
+            _score(loaded, "    return x + 1\n", ROW)
 
 
 def test_verl_itself_loads_the_module_and_its_reward_manager_scores_with_it() -> None:

@@ -40,13 +40,17 @@ class GradeFn(Protocol):
     def grade(self, task: Task, completion: str) -> Awaitable[Grade]: ...
 
 
-def grade_seeded(grader: GradeFn, task: Task, completion: str,
-                 seed: int | None) -> Awaitable[Grade]:
-    """`grader.grade`, with `seed` for the tests' random draws when one is given (a
-    `GradeFn` need not take one: the judge then derives the final-domain seed)."""
-    if seed is None:
-        return grader.grade(task, completion)
-    return grader.grade(task, completion, seed=seed)  # type: ignore[call-arg]
+def grade_seeded(grader: GradeFn, task: Task, completion: str, seed: int | None,
+                 language: str | None = None) -> Awaitable[Grade]:
+    """`grader.grade`, with `seed` for the tests' random draws and `language` for a stdio
+    program when given (a `GradeFn` need take neither: the judge then derives the
+    final-domain seed, and grades stdio programs in its configured language)."""
+    extra: dict[str, Any] = {}
+    if seed is not None:
+        extra["seed"] = seed
+    if language is not None:
+        extra["language"] = language
+    return grader.grade(task, completion, **extra)
 
 
 @dataclass(frozen=True)
@@ -99,11 +103,13 @@ class Grader:
                     judge_pool_config(warm=2 * self.config.workers)).start()
         return self._pool
 
-    async def grade(self, task: Task, completion: str, seed: int | None = None) -> Grade:
+    async def grade(self, task: Task, completion: str, seed: int | None = None,
+                    language: str | None = None) -> Grade:
         """The trusted grade of `completion` (function tasks: appended to the prompt;
         stdio tasks: the whole program; `judge.grade.grade`), its tests' random draws
-        seeded with `seed` (default: judge/seeds.py's final domain). A sandbox that
-        cannot be had is an INFRA grade."""
+        seeded with `seed` (default: judge/seeds.py's final domain); a stdio program in
+        `language` (default: the config's). A sandbox that cannot be had is an INFRA
+        grade."""
         if task.kind not in (TaskKind.FUNCTION, TaskKind.STDIO):
             raise UsageError(f"{task.task_id}: the integrations grade function and "
                              f"stdio tasks, not {task.kind.value!r} ones")
@@ -113,7 +119,7 @@ class Grader:
             if task.kind is TaskKind.STDIO:
                 return await grade(task, completion, pool,
                                    stdio_config=self.config.stdio_judge,
-                                   language=self.config.language)
+                                   language=language or self.config.language)
             try:
                 harness = self._harnesses.pop() if self._harnesses else \
                     await open_harness(pool, self.config.judge)
@@ -179,14 +185,15 @@ class ThreadedGrader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def grade_all(self, pairs: list[tuple[Task, str]],
-                  domain: str | None = None) -> list[Grade]:
+    def grade_all(self, pairs: list[tuple[Task, str]], domain: str | None = None,
+                  language: str | None = None) -> list[Grade]:
         """The grades of (task, completion) pairs, concurrently; `domain`: the seeds'
-        (judge/seeds.py; default the judge's own, the final domain)."""
+        (judge/seeds.py; default the judge's own, the final domain); `language`: stdio
+        programs' (default the grader's)."""
         async def all_() -> list[Grade]:
             return list(await asyncio.gather(*(
                 grade_seeded(self.grader, t, c,
-                             None if domain is None else seed_of(t, c, domain))
+                             None if domain is None else seed_of(t, c, domain), language)
                 for t, c in pairs)))
         return self.thread.call(all_())
 

@@ -84,6 +84,34 @@ def completion_text(completion: Any) -> str:
                      f"{type(completion).__name__}")
 
 
+def fence_language(text: str) -> str | None:
+    """The language an answer's code blocks are tagged with, by its trialbox name
+    (```` ```c++ ```` -> "cpp", ```` ```py ```` -> "python"): the last tagged block's, a shell
+    block after a program (how to run it) not counting; None when no block names a
+    language ("text", "output", bare fences).
+
+    >>> fence_language("In C++:\\n```cpp\\nint main(){}\\n```\\nRun:\\n```bash\\n./a\\n```")
+    'cpp'
+    >>> fence_language("```text\\nhi\\n```") is None
+    True
+    """
+    found: list[str] = []
+    pos = 0
+    while (m := _OPEN.search(text, pos)) is not None:
+        close = _CLOSE.search(text, m.end())
+        if close is None:
+            break
+        tag = m.group(1).lower()
+        found += [lang for lang, tags in LANGUAGE_TAGS.items() if tag in tags][:1]
+        pos = close.end()
+    programs = [x for x in found if x not in _SHELLS]
+    chosen = programs or found
+    return chosen[-1] if chosen else None
+
+
+_SHELLS = frozenset({"bash", "sh"})
+
+
 def _defines(code: str, entry_point: str) -> bool:
     name = re.escape(entry_point)
     return re.search(rf"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+{name}\b|^{name}[ \t]*=",
