@@ -142,3 +142,21 @@ def test_grpo_trainer_logs_trialbox_rewards_and_skips_none(tmp_path: Any) -> Non
     assert sum(first) > 0, f"no passing answer in the first step ({calls[0]}): the check " \
                            "that None is not 0 needs one"
     assert not math.isclose(logged[0]["reward"], sum(first) / len(calls[0]))
+
+
+def test_a_stdio_answer_is_graded_in_its_own_language() -> None:
+    """Issue 30: the TRL reward graded every stdio answer as Python. The language comes
+    from the dataset's `language` column, else the answer's code block (a ```cpp answer
+    is C++); each row its own."""
+    double = {"task_id": "io/double", "kind": "stdio", "prompt": "Print twice the int.",
+              "tests": [{"stdin": "2\n", "expected": "4\n"}, {"stdin": "5\n", "expected": "10\n"}]}
+    cpp = ("```cpp\n#include <cstdio>\nint main(){int x; scanf(\"%d\", &x); "
+           "printf(\"%d\\n\", 2 * x);}\n```")
+    py = "```python\nprint(2 * int(input()))\n```"
+    with TrialboxReward([]) as reward:
+        rows = [double] * 4
+        assert reward(completions=[cpp, py, cpp, "print(2 * int(input()))"], task=rows,
+                      language=[None, None, "cpp", "python"]) == [1.0, 1.0, 1.0, 1.0]
+        assert reward(completions=[[{"role": "assistant", "content": cpp}]],
+                      task=[double]) == [1.0]
+        assert reward(completions=[cpp], task=[double], language=["python"]) == [0.0]

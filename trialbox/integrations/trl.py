@@ -23,18 +23,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from trialbox.errors import UsageError
-from trialbox.judge.answer import completion_text
+from trialbox.judge.answer import answer_of, completion_text, fence_language
 from trialbox.integrations.grader import (
     Grader,
     GraderConfig,
     GradeFn,
     ThreadedGrader,
-    answer_of,
+    grade_seeded,
     resolve_task,
     reward_of,
     task_index,
 )
-from trialbox.types import Grade, Task
+from trialbox.types import Grade, Task, TaskKind
 
 __all__ = ["AsyncTrialboxReward", "TrialboxReward", "completion_text"]
 
@@ -50,7 +50,11 @@ class _Base:
         self.grades: list[Grade] = []
         """Every grade so far, in call order (what the rewards were made from)."""
 
-    def _pairs(self, completions: Sequence[Any], columns: dict[str, Any]) -> list[tuple[Task, str]]:
+    def _items(self, completions: Sequence[Any],
+               columns: dict[str, Any]) -> list[tuple[Task, str, str | None]]:
+        """(task, answer, language) per completion: a stdio answer's language from the
+        dataset's `language` column when it has one, else its code block's tag (None:
+        the grader's default, Python)."""
         refs = columns.get(self.task_column)
         if refs is None:
             refs = columns.get(self.row_column)
@@ -60,11 +64,24 @@ class _Base:
                              f"columns to reward functions by name")
         if len(refs) != len(completions):
             raise UsageError(f"{len(completions)} completions but {len(refs)} task references")
-        out = []
+        langs = columns.get("language")
+        if langs is not None and len(langs) != len(completions):
+            raise UsageError(f"{len(completions)} completions but {len(langs)} languages")
+        out: list[tuple[Task, str, str | None]] = []
         for i, (ref, c) in enumerate(zip(refs, completions, strict=True)):
             task = resolve_task(self.tasks, ref, f"completion {i}")
-            out.append((task, answer_of(task, completion_text(c))))
+            text = completion_text(c)
+            lang = None
+            if task.kind is TaskKind.STDIO:
+                given = langs[i] if langs is not None else None
+                lang = given if isinstance(given, str) and given else fence_language(text)
+            out.append((task, answer_of(task, text, language=lang), lang))
         return out
+
+    async def _grade(self, grader: GradeFn,
+                     items: list[tuple[Task, str, str | None]]) -> list[Grade]:
+        return list(await asyncio.gather(*(grade_seeded(grader, t, c, None, lang)
+                                           for t, c, lang in items)))
 
     def _rewards(self, grades: list[Grade]) -> list[float | None]:
         self.grades.extend(grades)
@@ -86,7 +103,8 @@ class TrialboxReward(_Base):
 
     def __call__(self, prompts: Sequence[Any] | None = None,
                  completions: Sequence[Any] = (), **columns: Any) -> list[float | None]:
-        return self._rewards(self._judge.grade_all(self._pairs(completions, columns)))
+        items = self._items(completions, columns)
+        return self._rewards(self._judge.thread.call(self._grade(self._judge.grader, items)))
 
     def __enter__(self) -> TrialboxReward:
         return self
@@ -113,9 +131,7 @@ class AsyncTrialboxReward(_Base):
     async def __call__(self, prompts: Sequence[Any] | None = None,
                        completions: Sequence[Any] = (), **columns: Any) -> list[float | None]:
         self._loop = asyncio.get_running_loop()
-        pairs = self._pairs(completions, columns)
-        grades = await asyncio.gather(*(self.grader.grade(t, c) for t, c in pairs))
-        return self._rewards(list(grades))
+        return self._rewards(await self._grade(self.grader, self._items(completions, columns)))
 
     async def close(self) -> None:
         close = getattr(self.grader, "close", None)
