@@ -205,3 +205,26 @@ def test_otlp_endpoint_from_the_environment(tmp_path: Any) -> None:
 def test_bad_tracing_config_says_what_to_change() -> None:
     with pytest.raises(UsageError, match="otlp_endpoint"):
         tracing.TracingConfig(otlp_endpoint="localhost:4318")
+
+
+def test_cheats_are_counted_every_time_and_logged_once_per_interval(caplog, monkeypatch):
+    """Issue 30: a reward function called per completion logged a line for every cheat
+    ("cheat detected: cheat detected — ..."). Now: one line per CHEAT_LOG_EVERY_S that
+    says how many it stands for; the metric counts each one."""
+    from trialbox.telemetry import instrument
+    clock = [1000.0]
+    monkeypatch.setattr(instrument.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(instrument, "_last_said", {})
+    cheat = Grade("t/1", Outcome.CHEAT, message="cheat detected — canary-passed")
+    with telemetry.use_metrics() as m, caplog.at_level(logging.WARNING,
+                                                       logger=instrument.log.name):
+        for _ in range(5):
+            instrument.record_grade(cheat, "function", 0.01)
+        clock[0] += instrument.CHEAT_LOG_EVERY_S
+        instrument.record_grade(cheat, "function", 0.01)
+        assert m.value("trialbox_judge_outcomes_total", outcome="cheat",
+                       kind="function") == 6.0
+    lines = [r.getMessage() for r in caplog.records if "canary-passed" in r.getMessage()]
+    assert lines == ["t/1: cheat detected — canary-passed",
+                     "t/1: cheat detected — canary-passed (and 4 more not logged in the "
+                     "last 10 s)"]

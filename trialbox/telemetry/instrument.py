@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -94,12 +95,36 @@ def record_grade(grade: Grade, kind: str, seconds: float) -> None:
     elif grade.outcome is Outcome.CHEAT:
         m.recent.note("cheat", f"{grade.task_id}: {grade.message}", task_id=grade.task_id,
                       flags=list(grade.flags), trace_id=tid)
-        log.warning("%s: cheat detected: %s", grade.task_id, grade.message,
-                    extra={"task_id": grade.task_id, "outcome": outcome,
-                           "flags": list(grade.flags)})
+        said = _said("cheat")  # one line per CHEAT_LOG_EVERY_S: the metric counts them all
+        if said is not None:
+            log.warning("%s: %s%s", grade.task_id, grade.message, said,
+                        extra={"task_id": grade.task_id, "outcome": outcome,
+                               "flags": list(grade.flags)})
     elif grade.flags:
         m.recent.note("flag", f"{grade.task_id}: {', '.join(grade.flags)}",
                       task_id=grade.task_id, flags=list(grade.flags), trace_id=tid)
+
+
+CHEAT_LOG_EVERY_S = 10.0
+"""At most one log line per this many seconds for a kind of event that can come once per
+graded sample (a reward function is called for every completion): the metrics
+(`trialbox_judge_outcomes_total`) and the dashboard's recent list count every one."""
+_last_said: dict[str, tuple[float, int]] = {}
+_said_lock = threading.Lock()
+
+
+def _said(kind: str) -> str | None:
+    """None when a line of `kind` was logged in the last CHEAT_LOG_EVERY_S; else the
+    suffix saying how many were not ("" when none)."""
+    now = time.monotonic()
+    with _said_lock:
+        at, quiet = _last_said.get(kind, (-1e18, 0))
+        if now - at < CHEAT_LOG_EVERY_S:
+            _last_said[kind] = (at, quiet + 1)
+            return None
+        _last_said[kind] = (now, 0)
+    return f" (and {quiet} more not logged in the last {CHEAT_LOG_EVERY_S:g} s)" if quiet \
+        else ""
 
 
 def record_reward(value: float | None) -> None:
