@@ -39,7 +39,9 @@ from trialbox.errors import InfraError, UsageError
 from trialbox.types import GradedRow, Limits
 
 EXT_LANG = {".py": "python", ".sh": "bash", ".c": "c", ".cpp": "cpp", ".cc": "cpp",
-            ".cxx": "cpp"}
+            ".cxx": "cpp", ".go": "go", ".js": "nodejs", ".mjs": "nodejs",
+            ".ts": "typescript", ".rs": "rust", ".java": "java"}
+"""A --file's language by its extension (--language overrides)."""
 
 
 def _add_limits(p: argparse.ArgumentParser) -> None:
@@ -84,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "the program's output is replayed and a summary goes to stderr.")
     p.add_argument("--json", action="store_true", help="print the ExecResult as JSON")
     p.add_argument("--file", help="program file to run (language from its extension)")
-    p.add_argument("--language", help="language of --file: python, bash, sh, c, cpp")
+    p.add_argument("--language", help="language of --file: python, bash, sh, c, cpp, go, "
+                   "nodejs, typescript, rust, java (default: from its extension)")
     p.add_argument("--tier", default="namespace",
                    help="isolation tier: namespace (default), gvisor, container")
     _add_limits(p)
@@ -419,7 +422,8 @@ async def _exec(args: argparse.Namespace) -> int:
             lang = args.language or EXT_LANG.get(os.path.splitext(args.file)[1])
             if lang is None:
                 raise UsageError(f"cannot tell the language of {args.file!r} from its "
-                                 "extension; pass --language")
+                                 f"extension (known: {', '.join(sorted(EXT_LANG))}); pass "
+                                 "--language")
             result = await run_code(sb, source, lang, stdin=stdin, limits=limits)
         else:
             result = await sb.exec(cmd, stdin=stdin, limits=limits)
