@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint typecheck system clean
+.PHONY: demo test test-fast bench lint typecheck system clean
 
 # Debian packages the sandbox needs (system python for the runtime, gcc for C/C++
 # programs, bubblewrap as the benchmark's baseline). Installed only when missing.
@@ -30,13 +30,20 @@ $(VERL): $(STAMP)
 demo: system $(STAMP)
 	$(VENV)/bin/trialbox demo
 
+# `make test`: everything but the tests marked bench_only (they run in `make bench`).
+# `make test-fast`: for iteration, also without the slow end-to-end runs (marked slow:
+# the UML guest, the Ray clusters, the trainer's runs).
 test: system $(STAMP) $(VERL)
 	$(VENV)/bin/ruff check trialbox tests
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not bench_only" tests
+
+test-fast: system $(STAMP) $(VERL)
+	$(PY) -m pytest -q -m "not bench_only and not slow" tests
 
 bench: system $(STAMP)
 	mkdir -p .bench
+	$(PY) -m pytest -q -m bench_only tests  # what make test leaves out: the Python cell path beyond its smoke subset
 	$(VENV)/bin/trialbox bench sandbox --out .bench/sandbox.json
 	$(VENV)/bin/trialbox bench sandbox --tiers namespace,container,gvisor --out .bench/tiers.json  # ~2 min
 	$(VENV)/bin/trialbox bench humaneval --out .bench/humaneval.json
