@@ -56,8 +56,20 @@ command -v patchelf >/dev/null || {
 state="$(mktemp -d /tmp/trialbox-uml-apt.XXXXXX)"
 trap 'rm -rf "$state"' EXIT
 mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$state/debs"
+# The Debian mirror this machine's apt already uses (its own sources; no host is named
+# here), or TRIALBOX_DEBIAN_MIRROR.
+mirror="${TRIALBOX_DEBIAN_MIRROR:-$(sed -n -E \
+  -e 's/^[[:space:]]*URIs:[[:space:]]+([^[:space:]]+).*/\1/p' \
+  -e 's/^[[:space:]]*deb([[:space:]]+\[[^]]*\])?[[:space:]]+([^[:space:]]+).*/\2/p' \
+  /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources \
+  2>/dev/null | grep -E '/debian/?$' | head -n1)}"
+if [ -z "$mirror" ]; then
+  echo "setup-uml: no Debian mirror in this machine's apt sources; set" \
+       "TRIALBOX_DEBIAN_MIRROR to one (e.g. the URI of your apt source for $SUITE)" >&2
+  exit 1
+fi
 echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]" \
-     "http://deb.debian.org/debian $SUITE main" > "$state/sources.list"
+     "${mirror%/} $SUITE main" > "$state/sources.list"
 A=(-o "Dir::Etc::SourceList=$state/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
    -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache"
    -o "APT::Sandbox::User=root")

@@ -5,7 +5,7 @@ A spec (TOML) declares everything a candidate's environment holds::
     name = "py311"
     suite = "bookworm"             # Debian release, built with debootstrap
     variant = "minbase"            # debootstrap's variant
-    # mirror = "http://deb.debian.org/debian"   (default: this machine's apt sources)
+    # mirror = "http://<a Debian mirror>/debian"   (default: this machine's apt sources)
 
     [debs]                         # Debian packages, each pinned to one version
     python3 = "3.11.2-1+b1"
@@ -131,12 +131,13 @@ def _sha(obj: object) -> str:
 
 
 def default_mirror() -> str:
-    """The Debian mirror this machine's apt uses (its sources), e.g.
-    `http://deb.debian.org/debian`."""
+    """The Debian mirror this machine's apt uses (its enabled sources: sources.list and
+    the `.list` / `.sources` files beside it); no host is built in."""
     paths = ["/etc/apt/sources.list"]
     d = "/etc/apt/sources.list.d"
     if os.path.isdir(d):
-        paths += [os.path.join(d, n) for n in sorted(os.listdir(d))]
+        paths += [os.path.join(d, n) for n in sorted(os.listdir(d))
+                  if n.endswith((".list", ".sources"))]  # not *.disabled and the like
     for p in paths:
         try:
             text = open(p).read()
@@ -148,7 +149,9 @@ def default_mirror() -> str:
                 continue
             if "debian" in uri and "/debian" in uri:
                 return uri.rstrip("/")
-    return "http://deb.debian.org/debian"
+    raise ImageSpecError("no Debian mirror in this machine's apt sources (/etc/apt/"
+                         "sources.list, sources.list.d/*.list|*.sources): set `mirror` in "
+                         "the spec's [image] table to a Debian mirror's URL")
 
 
 def parse_spec(text: str, where: str = "spec", base_dir: str = ".") -> ImageSpec:
@@ -399,8 +402,8 @@ def _build_base(spec: ImageSpec, dest: str) -> None:
              f"{installed.get(p, 'nothing')})" for p, v in spec.debs if installed.get(p) != v]
     if wrong:
         raise ImageSpecError(f"[debs] {'; '.join(wrong)} for {spec.suite}: pin what it "
-                             "serves, or use a snapshot mirror (mirror = "
-                             "\"http://snapshot.debian.org/archive/...\")")
+                             "serves, or use a snapshot mirror (mirror = the URL of a "
+                             "dated Debian snapshot archive)")
     _normalise(dest)
 
 
