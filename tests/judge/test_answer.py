@@ -105,3 +105,15 @@ def test_eval_grades_a_fenced_answer_as_the_integrations_do(runner):
     rows, _ = runner.run(evaluate({t.task_id: t}, samples, runner.pool, workers=1))
     assert [r.outcome.value for r in rows] == ["passed", "passed"], rows
     assert integrations_read(t, chatty) == "\n" + whole
+
+
+def test_a_language_the_machine_lacks_is_the_answers_failure_not_an_error():
+    """A model answering in a language the grading machine does not run: the block is
+    not counted, the answer is read in the default language, finds no code and fails —
+    scored 0 like any wrong answer, never an exclusion or an error that stops a batch."""
+    from trialbox.judge.answer import fence_language
+
+    text = f"In Haskell-ish:\n{F}rust\nfn main() {{}}\n{F}\n"
+    assert fence_language(text) == "rust"
+    assert fence_language(text, offered=["python", "cpp"]) is None
+    assert answer_of(IO, text, language=fence_language(text, ["python"])) == ""

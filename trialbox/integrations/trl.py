@@ -24,6 +24,7 @@ from typing import Any
 
 from trialbox.errors import UsageError
 from trialbox.judge.answer import answer_of, completion_text, fence_language
+from trialbox.sandbox.languages import offered
 from trialbox.integrations.grader import (
     Grader,
     GraderConfig,
@@ -74,7 +75,8 @@ class _Base:
             lang = None
             if task.kind is TaskKind.STDIO:
                 given = langs[i] if langs is not None else None
-                lang = given if isinstance(given, str) and given else fence_language(text)
+                lang = given if isinstance(given, str) and given else \
+                    fence_language(text, offered())  # one this machine runs
             out.append((task, answer_of(task, text, language=lang), lang))
         return out
 

@@ -53,6 +53,7 @@ from trialbox.integrations.grader import (
     task_index,
 )
 from trialbox.judge.answer import answer_of, fence_language
+from trialbox.sandbox.languages import offered
 from trialbox.types import Compare, Task, TaskKind, TestCase
 
 __all__ = ["compute_score", "shutdown"]
@@ -123,12 +124,14 @@ def _task(ground_truth: Any, data_source: Any = None, extra_info: Any = None) ->
     return resolve_task(_tasks[spec], truth, f"ground_truth (task set {spec!r})")
 
 
-def _language(task: Task, solution: str, extra_info: Any) -> str | None:
+def _language(task: Task, solution: str, extra_info: Any, remote: bool) -> str | None:
+    """A stdio answer's language: extra_info's, else its code block's — one this machine
+    runs, when it grades (a server checks its own) — else Python."""
     if task.kind is not TaskKind.STDIO:
         return None
     given = extra_info.get("language") if isinstance(extra_info, dict) else None
     return given if isinstance(given, str) and given else (
-        fence_language(solution) or "python")
+        fence_language(solution, None if remote else offered()) or "python")
 
 
 def _local(task: Task, answer: str, language: str | None) -> float | None:
@@ -196,9 +199,9 @@ def compute_score(data_source: Any, solution_str: str, ground_truth: Any,
     if not isinstance(solution_str, str):
         raise UsageError(f"solution_str must be a str, got {type(solution_str).__name__}")
     task = _task(ground_truth, data_source, extra_info)
-    language = _language(task, solution_str, extra_info)
-    answer = answer_of(task, solution_str, language=language)
     url = os.environ.get("TRIALBOX_URL")
+    language = _language(task, solution_str, extra_info, remote=bool(url))
+    answer = answer_of(task, solution_str, language=language)
     r = _remote(url, ground_truth, task, answer, language) if url else \
         _local(task, answer, language)
     if r is None:

@@ -30,6 +30,7 @@ The rules, in order (`extract_code`):
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from trialbox.errors import UsageError
@@ -84,11 +85,14 @@ def completion_text(completion: Any) -> str:
                      f"{type(completion).__name__}")
 
 
-def fence_language(text: str) -> str | None:
+def fence_language(text: str, offered: Collection[str] | None = None) -> str | None:
     """The language an answer's code blocks are tagged with, by its trialbox name
     (```` ```c++ ```` -> "cpp", ```` ```py ```` -> "python"): the last tagged block's, a shell
     block after a program (how to run it) not counting; None when no block names a
-    language ("text", "output", bare fences).
+    language ("text", "output", bare fences). With `offered` (the languages the grading
+    machine runs), a block in another language is not counted: the answer is then read
+    in the default language, finds no code, and fails as the candidate's own answer —
+    never an exclusion, never an error that stops a batch.
 
     >>> fence_language("In C++:\\n```cpp\\nint main(){}\\n```\\nRun:\\n```bash\\n./a\\n```")
     'cpp'
@@ -102,7 +106,8 @@ def fence_language(text: str) -> str | None:
         if close is None:
             break
         tag = m.group(1).lower()
-        found += [lang for lang, tags in LANGUAGE_TAGS.items() if tag in tags][:1]
+        found += [lang for lang, tags in LANGUAGE_TAGS.items() if tag in tags
+                  and (offered is None or lang in offered)][:1]
         pos = close.end()
     programs = [x for x in found if x not in _SHELLS]
     chosen = programs or found
