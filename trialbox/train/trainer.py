@@ -1,18 +1,25 @@
 """The trainer: supervised warm start, then GRPO (or PPO: `[grpo] algorithm = "ppo"`)
-over multi-turn episodes judged in real sandboxes. `train()` reads top to bottom:
+over multi-turn episodes judged in real sandboxes. `train()` reads top to bottom, each
+phase a function named for it (section comments set the plumbing apart):
 
-    setup ([tasks] splits, [policy]) ─► [SFT warm start] ─► pass@1 on [eval] split
-    ─► for each step:
-        rollout (agent loop: generate ─► judge ─► feedback ─► …)   trialbox.rollout
-                (async: the producer's batch, rolled out ahead by   pipeline.py
-                 weights at most max_staleness steps older)
-        rewards ─► group advantages (None = excluded, counted)    losses.py
-                   (PPO: values ─► GAE ─► whitened, in ppo_step)  ppo.py
-        update epochs, gradient accumulation over micro-batches   update.py
-                   (NaN ─► step skipped; the update function is
-                    chosen once, `make_update`)
-        log (metrics.jsonl, TensorBoard) ─► checkpoint            runfiles.py
-    ─► pass@1 again, the rise with its paired 95% interval      confidence.py
+    setup       prepare: [tasks] splits, [policy], every check before   tasksets.py
+                anything is written; the model to start from
+    warm start  warm_start (SFT, fresh runs only); build_learner:       sft.py
+                the KL reference, PPO's value head, the optimizer       learner.py
+    pass@1      HeldOut.before, on the [eval] split; step 0's checkpoint
+    for each step:
+      rollout     batches.get: the agent loop (generate ─► judge ─►     rollouts.py
+                  feedback ─► …); async: rolled out ahead by weights    pipeline.py
+                  at most max_staleness steps older
+      advantages  rewards ─► group advantages (None = excluded,         losses.py
+                  counted); PPO: values ─► GAE ─► whitened, in ppo_step ppo.py
+      update      update_step: epochs of gradient accumulation over     update.py
+                  micro-batches (NaN ─► step skipped); the update
+                  function (advantages + update) chosen once, `make_update`
+      log         step_record ─► log_step (metrics.jsonl, TensorBoard,  metrics.py
+                  telemetry) ─► checkpoint                              runfiles.py
+    the end     HeldOut.after: pass@1 again, the rise with its paired   confidence.py
+                95% interval; save_final
 
 With `[policy] kind = "openai"` the run only evaluates the served model (`evaluate_served`).
 
@@ -26,12 +33,11 @@ true` continues from it) and `sft/` (the model after the warm start), `final/` (
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager, closing
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -40,7 +46,7 @@ import torch
 from trialbox import telemetry
 from trialbox.errors import UsageError
 from trialbox.judge.reward import RewardSpec
-from trialbox.rollout.agent import AgentConfig, Grader, RolloutBatch, rollout
+from trialbox.rollout.agent import AgentConfig, Grader, rollout
 from trialbox.rollout.hf_policy import HFPolicy
 from trialbox.rollout.openai_policy import OpenAIConfig, OpenAIPolicy
 from trialbox.rollout.policy import ByteTokenizer, Policy
@@ -48,37 +54,26 @@ from trialbox.rollout.text import default_prompt
 from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.pool import CellPool
 from trialbox.train import demo_tasks
-from trialbox.store.journal import Journal
 from trialbox.train import episodes as journaled
 from trialbox.train.confidence import paired_rise, wilson
-from trialbox.train.config import Algorithm, PolicyKind, RewardKind, RolloutMode, TrainConfig
+from trialbox.train.config import Algorithm, PolicyKind, RewardKind, TrainConfig
+from trialbox.train.learner import build_learner, save_final
 from trialbox.train.losses import group_advantages, rewards_tensor
-from trialbox.train.pipeline import (
-    AsyncBatches,
-    Batches,
-    ModelClock,
-    PrioritySlots,
-    StepBatch,
-    SyncBatches,
-    TimedPolicy,
-    WeightCopies,
-)
+from trialbox.train.metrics import Progress, log_step, step_record
 from trialbox.train.model import build_model, load_model, resolve_device, save_model
-from trialbox.train.ppo import VALUE_HEAD_FILE, ValueHead, ppo_step
+from trialbox.train.pipeline import ModelClock, PrioritySlots
+from trialbox.train.ppo import ValueHead, ppo_step
 from trialbox.train.replay import SuccessReplay
+from trialbox.train.rollouts import PolicyServers, StepRollouts, sampling_seed
 from trialbox.train.runfiles import Checkpoint, MetricsLog
 from trialbox.train.sft import sft
 from trialbox.train.tasksets import EvalTasks, TaskSets, sft_pair, task_sets
 from trialbox.train.update import UpdateStats, policy_step
-from trialbox.types import Outcome, StepSummary, Task, TrainState, Trajectory
+from trialbox.types import StepSummary, Task, TrainState, Trajectory
 
-Progress = Callable[[str, dict[str, Any]], None]
-"""(event, record): "sft" (every few SFT steps), "eval", "step", "skip", "stop",
-"episodes" (the journal, and how many episodes were run now or read back from it)."""
-StartGeneration = Callable[[Any, ByteTokenizer], Awaitable[Any]]
-"""(model, tokenizer) -> started policy servers: `publish(model, version)`,
-`policy(version, seed)`, `status()`, `servers_info()`, `close()`
-(`rollout.fleet.PolicyFleet`)."""
+StartGeneration = Callable[[Any, ByteTokenizer], Awaitable[PolicyServers]]
+"""(model, tokenizer) -> started policy servers (`rollouts.PolicyServers`:
+`rollout.fleet.PolicyFleet`)."""
 
 
 @dataclass
@@ -193,38 +188,6 @@ def rise_ci(before: dict[str, Any], after: dict[str, Any]) -> tuple[float, float
     return paired_rise([i in b for i in both], [i in a for i in both])
 
 
-def step_record(got: StepBatch, upd: UpdateStats, *, t0: float, t_rollout: float,
-                t_update: float, lap: tuple[float, float], ppo: bool) -> dict[str, Any]:
-    """One line of metrics.jsonl for a step. `rollout_s` is how long the step waited for
-    its batch (sync: the whole rollout); `lap_s` the wall time since the previous step's
-    record (the previous step's logging and checkpoint included) and `policy_wait_s`
-    how much of it the model neither generated nor trained (it waited on environments)."""
-    trajs, s = got.batch.trajectories, got.batch.stats
-    graded = [t for t in trajs if t.reward is not None]
-    first = [t for t in graded if t.turns and t.turns[0].outcome is Outcome.PASSED]
-    elapsed = max(1e-9, time.monotonic() - t0)
-    lap_s, wait_s = lap
-    record: dict[str, Any] = {
-        "reward": sum(t.reward for t in graded if t.reward is not None)
-        / max(1, len(graded)),
-        "pass_rate": sum(t.passed for t in graded) / max(1, len(graded)),
-        "pass_turn1": len(first) / max(1, len(graded)),
-        "excluded": s.excluded, "episodes": s.episodes, "turns": s.turns,
-        "trained_on": upd.trained_on, "loss": upd.loss, "kl": upd.kl,
-        "clip_frac": upd.clip_frac, "grad_norm": upd.grad_norm,
-        "replayed": upd.replayed, "replay_nll": upd.replay_nll,
-        "gen_s": s.gen_s, "env_wall_s": s.env_wall_s, "rollout_s": t_rollout,
-        "update_s": t_update, "model_tokens": s.model_tokens,
-        "episodes_per_s": s.episodes / elapsed, "tokens_per_s": s.model_tokens / elapsed,
-        "step_s": elapsed, "policy_version": got.version, "staleness": got.staleness,
-        "lap_s": lap_s, "policy_wait_s": wait_s,
-        "policy_wait_share": wait_s / max(1e-9, lap_s),
-    }
-    if ppo:
-        record["value_loss"] = upd.value_loss
-    return record
-
-
 def sft_data(config: TrainConfig, sets: TaskSets) -> list[tuple[str, str]]:
     """The warm start's (context, completion) pairs: the demo's unverified teacher, or
     a file source's canonical solutions (`tasksets.sft_pair`)."""
@@ -273,22 +236,15 @@ async def evaluate_served(config: TrainConfig, evals: EvalTasks,
                                               prompt_as=p.prompt_as))
     os.makedirs(config.run.out_dir, exist_ok=True)
     log = MetricsLog(config.run.out_dir, append=False)
-    own_pool: CellPool | None = None
-    if pool is None:
-        from trialbox.judge.function import judge_pool_config
-        pool = own_pool = await CellPool(judge_pool_config(
-            warm=2 * config.rollout.env_workers)).start()
-    try:
-        record = await evaluate_pass1(policy, config, pool, evals, grader)
-        log.write("eval", 0, {"when": 0, "policy": p.model, **record})
-        say("eval", {"when": "served", **record})
-        with open(os.path.join(config.run.out_dir, "config.json"), "w") as f:
-            json.dump(asdict(config), f, default=str, indent=1)
-    finally:
-        log.close()
-        await policy.aclose()
-        if own_pool is not None:
-            await own_pool.close()
+    async with judge_pool(config, pool) as pool:
+        try:
+            record = await evaluate_pass1(policy, config, pool, evals, grader)
+            log.write("eval", 0, {"when": 0, "policy": p.model, **record})
+            say("eval", {"when": "served", **record})
+            write_config(config)
+        finally:
+            log.close()
+            await policy.aclose()
     return TrainResult(config.run.out_dir, 0, record["pass1"], None, eval_before=record,
                        wall_s=time.monotonic() - t_start)
 
@@ -376,14 +332,136 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
 
     # ---- setup (every check before anything is written) -------------------------------
     sets = run_task_sets(config)
-    evals = sets.eval_tasks(config.eval.split, config.eval.tasks,
-                            trained_on(config, sets)) if config.eval.tasks else None
-    if evals is not None and not evals.tasks:
-        raise UsageError(f"[eval] the {config.eval.split.value} split has no task left to "
-                         f"measure ({evals.note}); give more tasks in that split")
+    evals = eval_tasks(config, sets)
     if config.policy.kind is PolicyKind.OPENAI:
         assert evals is not None  # TrainConfig requires [eval] tasks for a served model
         return await evaluate_served(config, evals, pool, say, t_start, grader)
+    start = prepare(config, sets, evals)
+    state, model, tok, run_id = start.state, start.model, start.tok, start.run_id
+    result = TrainResult(run.out_dir, 0, None, None)
+    async with AsyncExitStack() as stack:  # closes, last first: servers, pool, log
+        log = stack.enter_context(closing(open_run_dir(config, start)))  # the first write
+        pool = await stack.enter_async_context(judge_pool(config, pool))
+
+        # ---- supervised warm start (fresh runs only), the learner ----------------------
+        if start.pairs:
+            result.sft_seconds = warm_start(config, start, log, say)
+        policy = HFPolicy(model, tok, seed=run.seed)
+        fleet = await stack.enter_async_context(  # None: the policy samples here
+            policy_servers(generation, model, tok, state.step))
+        learner = build_learner(config, model, tok, start.device, start.ckpt)
+
+        # ---- pass@1 before training, step 0's checkpoint (fresh runs only) -------------
+        held_out = HeldOut(config, evals, pool, grader, policy, fleet, log, say) \
+            if evals is not None else None
+        if not run.resume:
+            if held_out is not None:
+                state = await held_out.before(state)
+            learner.save(start.ckpt, state)  # a crash from here on resumes (SFT, eval done)
+        result.pass_before, result.eval_before = state.pass_before, state.eval_before
+
+        # ---- GRPO -----------------------------------------------------------------------
+        clock = ModelClock()  # when the model works; the rest of the time it waits
+        model_slots = PrioritySlots(1)  # the model: one generate call or update at a time
+        async with StepRollouts(config, sets, agent_config(config), pool, grader,
+                                model=model, tok=tok, policy=policy, fleet=fleet,
+                                clock=clock, model_slots=model_slots,
+                                journal_file=start.journal_file, run_id=run_id,
+                                inputs=start.inputs, say=say) as rollouts:
+            # the update, chosen once: GRPO (group advantages) or PPO (value head + GAE)
+            update = make_update(config, model, learner.opt, head=learner.head,
+                                 ref=learner.ref, pad_id=tok.pad_id, device=start.device,
+                                 history=rollouts.read_back(state.step) if run.resume
+                                 and g.replay and g.algorithm is Algorithm.GRPO else None)
+            batches = rollouts.batches(first=state.step)
+            clock.lap()
+            while state.step < g.steps:
+                step, t0 = state.step, time.monotonic()
+                # One trace per iteration: its episodes (model output, sandbox runs,
+                # grading, reward) and its training step nest under it
+                # (docs/observability.md); an async batch is its own trace.
+                with telemetry.span("train.iteration", {"run.id": run_id,
+                                                        "train.step": step + 1}):
+                    # rollout: multi-turn episodes through the agent loop and the real
+                    # judge (sync: rolled out now; async: the producer's, stamped with
+                    # the version that sampled it)
+                    got = await batches.get(step)
+                    t_rollout = time.monotonic() - t0
+                    # rewards -> advantages -> update epochs
+                    upd, t_update = await update_step(update, got.batch.trajectories, step,
+                                                      model_slots, clock, run_id)
+                if fleet is not None:  # the servers hold version step + 1 first
+                    await fleet.publish(model, step + 1)
+                batches.publish(step + 1)  # async: launches batch step + 1 + K
+
+                # log
+                record = step_record(got, upd, t0=t0, t_rollout=t_rollout,
+                                     t_update=t_update, lap=clock.lap(),
+                                     ppo=learner.head is not None)
+                state, result.stopped = log_step(state, record, skipped=upd.skipped,
+                                                 log=log, say=say, run_id=run_id, g=g)
+                if result.stopped:
+                    break
+
+                # checkpoint (async: the batches in flight are not saved; see pipeline.py)
+                if state.step % run.checkpoint_every == 0 or state.step == g.steps:
+                    learner.save(start.ckpt, state)
+
+        # ---- the end: held-out pass@1 again, the final model ---------------------------
+        result.steps_done = state.step
+        if held_out is not None:
+            await held_out.after(state, result, reseed=start.journal_file is not None)
+        save_final(learner, run.out_dir)
+        result.history, result.wall_s = list(state.history), time.monotonic() - t_start
+        write_config(config)
+        if fleet is not None:
+            say("generation", {**fleet.status(), "on": await fleet.servers_info()})
+    return result
+
+
+# --------------------------------------------------------------------------- its phases
+# In the order train() calls them.
+
+@dataclass(frozen=True)
+class Start:
+    """Where a local run starts, decided by `prepare` before anything is written."""
+
+    sets: TaskSets
+    evals: EvalTasks | None
+    pairs: list[tuple[str, str]]
+    """The warm start's (context, completion) pairs (none: no warm start)."""
+    device: torch.device
+    run_id: str
+    """The run directory's name: the run's name in the journal and the telemetry."""
+    journal_file: str | None
+    """The episodes' journal (None: [run] journal = "off")."""
+    inputs: dict[str, Any]
+    """What decides the run's episodes (`episodes.fingerprint`)."""
+    ckpt: Checkpoint
+    state: TrainState
+    """Fresh, or the checkpoint's ([run] resume)."""
+    model: Any
+    tok: ByteTokenizer
+
+
+def eval_tasks(config: TrainConfig, sets: TaskSets) -> EvalTasks | None:
+    """[eval]'s tasks, none the run trains on (None: no evaluation); a UsageError when
+    the split has none left."""
+    if not config.eval.tasks:
+        return None
+    evals = sets.eval_tasks(config.eval.split, config.eval.tasks, trained_on(config, sets))
+    if not evals.tasks:
+        raise UsageError(f"[eval] the {config.eval.split.value} split has no task left to "
+                         f"measure ({evals.note}); give more tasks in that split")
+    return evals
+
+
+def prepare(config: TrainConfig, sets: TaskSets, evals: EvalTasks | None) -> Start:
+    """Every check a local run makes before it writes anything (the prompts fit, the
+    warm start has data, the device exists, the journal may be written, a resumed run
+    has steps left), and the model it starts from: the checkpoint's (resume), [model]
+    path's, or a fresh one of [model]'s shape."""
+    run = config.run
     check_fits(config, sets, evals)
     pairs = sft_data(config, sets) if not run.resume and config.sft.steps else []
     device = resolve_device(run.device)
@@ -402,7 +480,7 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
     model: Any
     if run.resume:
         state = ckpt.load_state()
-        if state.step >= g.steps:
+        if state.step >= config.grpo.steps:
             raise UsageError(f"--resume: nothing to resume, the run in {run.out_dir} has "
                              f"done all {state.step} of its [grpo] steps; raise [grpo] "
                              "steps to train further, or drop --resume to start afresh")
@@ -412,230 +490,125 @@ async def train(config: TrainConfig, pool: SandboxProvider | None = None,
     else:
         model = build_model(config.model.shape, tok, seed=run.seed)
     model.to(device)
-    os.makedirs(run.out_dir, exist_ok=True)  # every check passed: the first write
+    return Start(sets, evals, pairs, device, run_id, journal_file if use_journal else None,
+                 inputs, ckpt, state, model, tok)
+
+
+def open_run_dir(config: TrainConfig, start: Start) -> MetricsLog:
+    """The run directory and its metrics log (a resumed run keeps its records through
+    the checkpoint's step); a fresh run replaces its directory's journal."""
+    run = config.run
+    os.makedirs(run.out_dir, exist_ok=True)
     log = MetricsLog(run.out_dir, append=run.resume,
-                     keep_through=state.step if run.resume else None)
-    if use_journal and not run.resume and not run.journal:
-        journaled.remove_journal(journal_file)  # a fresh run replaces its directory's
-    own_pool: CellPool | None = None
-    if pool is None:
-        from trialbox.judge.function import judge_pool_config
-        pool = own_pool = await CellPool(judge_pool_config(
-            warm=2 * config.rollout.env_workers)).start()
-    result = TrainResult(run.out_dir, 0, None, None)
-    fleet: Any = None
+                     keep_through=start.state.step if run.resume else None)
+    if start.journal_file is not None and not run.resume and not run.journal:
+        journaled.remove_journal(start.journal_file)
+    return log
+
+
+@asynccontextmanager
+async def judge_pool(config: TrainConfig,
+                     pool: SandboxProvider | None) -> AsyncIterator[SandboxProvider]:
+    """`pool`, or when none is given a namespace `CellPool` of the run's own, closed at
+    the end."""
+    if pool is not None:
+        yield pool
+        return
+    from trialbox.judge.function import judge_pool_config
+    own = await CellPool(judge_pool_config(warm=2 * config.rollout.env_workers)).start()
     try:
-        # ---- supervised warm start (fresh runs only) -----------------------------------
-        if pairs:
-            stats = sft(model, tok, pairs, config.sft, device=device, progress=lambda s, loss:
-                        say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
-                        if s % 10 == 0 or s == config.sft.steps else None)
-            result.sft_seconds = stats.seconds
-            save_model(model, tok, os.path.join(run.out_dir, "sft"))
-            log.write("sft", 0, {"loss": stats.final_loss, "seconds": stats.seconds,
-                                 "steps": stats.steps})
-        policy = HFPolicy(model, tok, seed=run.seed)
-        if generation is not None:  # the policy servers, with the weights of now
-            fleet = await generation(model, tok)
-            await fleet.publish(model, state.step)
-        ref = None
-        if g.kl_coef > 0:  # the frozen starting point the KL term pulls towards (on a
-            # resumed run: the checkpoint's model, the original start is not kept)
-            ref = copy.deepcopy(model).train(False)
-            for p in ref.parameters():
-                p.requires_grad_(False)
-        head: ValueHead | None = None
-        params = list(model.parameters())
-        if g.algorithm is Algorithm.PPO:  # the critic shares the optimizer (and lr)
-            head = ValueHead(model.config.n_embd).to(device)
-            if run.resume:
-                head_file = os.path.join(ckpt.path, VALUE_HEAD_FILE)
-                if not os.path.exists(head_file):
-                    raise UsageError(f"[grpo] algorithm = 'ppo' but {ckpt.path} holds no "
-                                     f"{VALUE_HEAD_FILE} (a GRPO checkpoint?); resume it "
-                                     "with algorithm = 'grpo' or start afresh")
-                head.load_state_dict(torch.load(head_file, map_location=device))
-            params += list(head.parameters())
-        opt = torch.optim.AdamW(params, lr=g.lr, weight_decay=0.0)
-        if run.resume:
-            # via the CPU: a checkpoint written on a GPU then loads anywhere, and
-            # load_state_dict moves the moments to the parameters' device
-            opt.load_state_dict(torch.load(os.path.join(ckpt.path, "optimizer.pt"),
-                                           map_location="cpu"))
-
-        if not run.resume and evals is not None:
-            before = await evaluate_pass1(
-                policy if fleet is None else fleet.policy(state.step, run.seed),
-                config, pool, evals, grader)
-            state = replace(state, pass_before=before["pass1"], eval_before=before)
-            log.write("eval", 0, {"when": 0, **before})
-            say("eval", {"when": "before", **before})
-        if not run.resume:  # step 0: a crash from here on resumes (SFT and eval done)
-            ckpt.save(model, tok, opt, state, head)
-        result.pass_before = state.pass_before
-        result.eval_before = state.eval_before
-
-        # ---- GRPO ---------------------------------------------------------------------
-        agent = agent_config(config)
-        clock = ModelClock()  # when the model works; the rest of the time it waits
-        asynchronous = config.rollout.mode is RolloutMode.ASYNC
-        # async: one private copy of the weights per batch in flight (pipeline.py);
-        # with policy servers each holds the versions in flight instead
-        copies = WeightCopies(model, config.rollout.max_staleness + 1) \
-            if asynchronous and fleet is None else None
-
-        # Every episode is a task of the journaled scheduler (episodes.py): its quota
-        # pool admits the environment's env_workers turns at once, the oldest step
-        # first. The model is not sandbox capacity: one generate call or update at a
-        # time on its one device, the oldest batch first (PrioritySlots, pipeline.py).
-        # journal = "off": the previous path, the environment behind PrioritySlots too.
-        model_slots = PrioritySlots(1)
-        env_slots = PrioritySlots(config.rollout.env_workers)
-        eps: journaled.JournaledEpisodes | None = None
-        journal: Journal | None = None
-        if use_journal:
-            journal = Journal(journal_file)
-            eps = journaled.JournaledEpisodes(
-                journal, run_id, agent, pool, group_size=g.group_size,
-                env_workers=config.rollout.env_workers,
-                in_flight=config.rollout.max_staleness + 1 if asynchronous else 1,
-                inputs=inputs, tasks_per_step=g.tasks_per_step, tokenizer=tok,
-                grader=grader)
-            await eps.__aenter__()
-
-        def launch(step: int, version: int) -> Awaitable[RolloutBatch]:
-            """Step `step`'s rollout, sampled by the live model (sync) or by a copy of
-            its weights taken now (async; `version` is what the trainer published)."""
-            def sample_with(sampler: Policy) -> Awaitable[RolloutBatch]:
-                # on policy servers, generation does not take the trainer's device
-                timed = TimedPolicy(sampler, clock, None if fleet is not None
-                                    else model_slots.lane(step))
-                if eps is not None:
-                    return eps.rollout(step, sets.train_step(step), timed)
-                return rollout(timed, sets.train_step(step),
-                               group_size=g.group_size, pool=pool, config=agent,
-                               env_slots=env_slots.lane(step), grader=grader)
-            if fleet is not None:  # seeded as the local policy is: (seed, step)
-                return sample_with(fleet.policy(version, run.seed * 1_000_003 + step))
-            if copies is None:
-                if eps is not None:  # a function of (seed, step): a resumed run draws
-                    # as the uninterrupted one did from the step it resumes at
-                    policy.generator.manual_seed(run.seed * 1_000_003 + step)
-                return sample_with(policy)
-            return copies.run_on_snapshot(model, lambda weights: sample_with(
-                HFPolicy(weights, tok, seed=run.seed * 1_000_003 + step)))
-
-        # the update, chosen once: GRPO (group advantages) or PPO (value head + GAE)
-        history = [eps.step_trajectories(s, sets.train_step(s))
-                   for s in range(state.step)] if eps is not None and run.resume \
-            and g.replay and g.algorithm is Algorithm.GRPO else None
-        update = make_update(config, model, opt, head=head, ref=ref, pad_id=tok.pad_id,
-                             device=device, history=history)
-
-        batches: Batches = AsyncBatches(
-            launch, first=state.step, steps=g.steps,
-            max_staleness=config.rollout.max_staleness) if asynchronous \
-            else SyncBatches(launch)
-        batches.start()
-        clock.lap()
-        try:
-            while state.step < g.steps:
-                step = state.step
-                t0 = time.monotonic()
-
-                # One trace per iteration: its episodes (model output, sandbox runs,
-                # grading, reward) and its training step nest under it
-                # (docs/observability.md); an async batch is its own trace.
-                with telemetry.span("train.iteration", {"run.id": run_id,
-                                                        "train.step": step + 1}):
-                    # rollout: multi-turn episodes through the agent loop and the real
-                    # judge (sync: rolled out now; async: the producer's, stamped with
-                    # the version that sampled it)
-                    got = await batches.get(step)
-                    t_rollout = time.monotonic() - t0
-                    trajs = got.batch.trajectories
-
-                    # rewards -> advantages -> update epochs with gradient accumulation,
-                    # in a worker thread: the event loop keeps driving the producer
-                    async with model_slots.lane(step):
-                        t1 = time.monotonic()
-                        with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), \
-                                clock.busy():
-                            upd = await asyncio.to_thread(update, trajs, step)
-                        t_update = time.monotonic() - t1
-                if fleet is not None:  # the servers hold version step + 1 first
-                    await fleet.publish(model, step + 1)
-                batches.publish(step + 1)  # async: launches batch step + 1 + K
-
-                # log
-                record = step_record(got, upd, t0=t0, t_rollout=t_rollout,
-                                     t_update=t_update, lap=clock.lap(), ppo=head is not None)
-                state = replace(state, step=step + 1)
-                scalars = {k: float(record[k]) for k in ("pass_rate", "loss", "kl")
-                           if isinstance(record[k], (int, float))
-                           and math.isfinite(record[k])}
-                telemetry.record_train_step(run_id, step + 1, reward_mean=record["reward"],
-                                            **scalars)
-                if upd.skipped:
-                    state = replace(state, bad_in_a_row=state.bad_in_a_row + 1)
-                    record["skipped"] = "non-finite loss"
-                    log.write("skip", step + 1, record)
-                    say("skip", {"step": step + 1, **record})
-                    if state.bad_in_a_row >= g.max_bad_steps:
-                        result.stopped = (f"{state.bad_in_a_row} steps in a row had a "
-                                          "non-finite loss (max_bad_steps = "
-                                          f"{g.max_bad_steps})")
-                        say("stop", {"reason": result.stopped})
-                        break
-                else:
-                    state = replace(state, bad_in_a_row=0)
-                    log.write("step", step + 1, record)
-                    say("step", {"step": step + 1, "steps": g.steps, **record})
-                state = replace(state, history=(*state.history, StepSummary(
-                    step + 1, record["reward"], record["pass_rate"], record["pass_turn1"])))
-
-                # checkpoint (async: the batches in flight are not saved; see pipeline.py)
-                if state.step % run.checkpoint_every == 0 or state.step == g.steps:
-                    ckpt.save(model, tok, opt, state, head)
-        finally:
-            await batches.aclose()
-            if eps is not None:
-                await eps.__aexit__(None, None, None)
-                say("episodes", {"journal": journal_file, "run": run_id,
-                                 **asdict(eps.counts)})
-            if journal is not None:
-                journal.close()
-
-        # ---- the end: held-out pass@1 again, the final model ---------------------------
-        result.steps_done = state.step
-        if evals is not None:
-            final_seed = run.seed * 1_000_003 + g.steps + 999_983
-            if eps is not None:
-                policy.generator.manual_seed(final_seed)
-            after = await evaluate_pass1(
-                policy if fleet is None else fleet.policy(state.step, final_seed),
-                config, pool, evals, grader)
-            result.pass_after = after["pass1"]
-            result.eval_after = after
-            if result.eval_before is not None:
-                result.rise = rise_ci(result.eval_before, after)
-                after = {**after, "rise_ci95": list(result.rise)}
-            log.write("eval", state.step, {"when": state.step, **after})
-            say("eval", {"when": "after", **after})
-        save_model(model, tok, os.path.join(run.out_dir, "final"))
-        if head is not None:
-            torch.save(head.state_dict(), os.path.join(run.out_dir, "final",
-                                                       VALUE_HEAD_FILE))
-        result.history = list(state.history)
-        result.wall_s = time.monotonic() - t_start
-        with open(os.path.join(run.out_dir, "config.json"), "w") as f:
-            json.dump(asdict(config), f, default=str, indent=1)
-        if fleet is not None:
-            say("generation", {**fleet.status(), "on": await fleet.servers_info()})
+        yield own
     finally:
-        log.close()
-        if fleet is not None:
-            await fleet.close()
-        if own_pool is not None:
-            await own_pool.close()
-    return result
+        await own.close()
+
+
+def warm_start(config: TrainConfig, start: Start, log: MetricsLog, say: Progress) -> float:
+    """Supervised fine-tuning on the warm start's pairs, the model after it saved to
+    out_dir/sft; its seconds."""
+    stats = sft(start.model, start.tok, start.pairs, config.sft, device=start.device,
+                progress=lambda s, loss:
+                say("sft", {"step": s, "steps": config.sft.steps, "loss": loss})
+                if s % 10 == 0 or s == config.sft.steps else None)
+    save_model(start.model, start.tok, os.path.join(config.run.out_dir, "sft"))
+    log.write("sft", 0, {"loss": stats.final_loss, "seconds": stats.seconds,
+                         "steps": stats.steps})
+    return stats.seconds
+
+
+@asynccontextmanager
+async def policy_servers(generation: StartGeneration | None, model: Any,
+                         tok: ByteTokenizer, version: int) -> AsyncIterator[PolicyServers | None]:
+    """The policy servers `generation` starts (None: none), holding the weights of now
+    as `version`; closed at the end."""
+    if generation is None:
+        yield None
+        return
+    fleet = await generation(model, tok)
+    try:
+        await fleet.publish(model, version)
+        yield fleet
+    finally:
+        await fleet.close()
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """pass@1 on [eval]'s tasks before and after training, sampled by the local policy
+    or by the policy servers' version, and logged (metrics.jsonl, progress)."""
+
+    config: TrainConfig
+    evals: EvalTasks
+    pool: SandboxProvider
+    grader: Grader | None
+    policy: HFPolicy
+    fleet: PolicyServers | None
+    log: MetricsLog
+    say: Progress
+
+    def sampler(self, version: int, seed: int) -> Policy:
+        return self.policy if self.fleet is None else self.fleet.policy(version, seed)
+
+    async def before(self, state: TrainState) -> TrainState:
+        """pass@1 before training; the state that carries it (into checkpoints)."""
+        before = await evaluate_pass1(self.sampler(state.step, self.config.run.seed),
+                                      self.config, self.pool, self.evals, self.grader)
+        self.log.write("eval", 0, {"when": 0, **before})
+        self.say("eval", {"when": "before", **before})
+        return replace(state, pass_before=before["pass1"], eval_before=before)
+
+    async def after(self, state: TrainState, result: TrainResult, *, reseed: bool) -> None:
+        """pass@1 after training and its paired rise over the one before, into
+        `result`. It samples with a seed of its own, a function of [run] seed and [grpo]
+        steps; `reseed` (a journaled run, which resumes exactly) puts the local policy
+        on it, so a resumed run ends as the uninterrupted one did."""
+        seed = sampling_seed(self.config.run.seed, self.config.grpo.steps) + 999_983
+        if reseed:
+            self.policy.generator.manual_seed(seed)
+        after = await evaluate_pass1(self.sampler(state.step, seed), self.config,
+                                     self.pool, self.evals, self.grader)
+        result.pass_after = after["pass1"]
+        result.eval_after = after
+        if result.eval_before is not None:
+            result.rise = rise_ci(result.eval_before, after)
+            after = {**after, "rise_ci95": list(result.rise)}
+        self.log.write("eval", state.step, {"when": state.step, **after})
+        self.say("eval", {"when": "after", **after})
+
+
+async def update_step(update: Update, trajs: list[Trajectory], step: int,
+                      model_slots: PrioritySlots, clock: ModelClock,
+                      run_id: str) -> tuple[UpdateStats, float]:
+    """One step's update (rewards -> advantages -> update epochs with gradient
+    accumulation) in a worker thread, so the event loop keeps driving the producer; it
+    waits for the model (the oldest batch first). The update's stats and its seconds."""
+    async with model_slots.lane(step):
+        t1 = time.monotonic()
+        with telemetry.train_step(run_id, step + 1, episodes=len(trajs)), clock.busy():
+            upd = await asyncio.to_thread(update, trajs, step)
+        return upd, time.monotonic() - t1
+
+
+def write_config(config: TrainConfig) -> None:
+    """out_dir/config.json: the run's whole configuration, as it ran."""
+    with open(os.path.join(config.run.out_dir, "config.json"), "w") as f:
+        json.dump(asdict(config), f, default=str, indent=1)
