@@ -29,8 +29,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from tests.conftest import load_scaled  # noqa: E402
 from tests.cluster.test_ray_cluster import (  # noqa: E402
     ROOT,
-    driving,
-    head_cluster,
+    connected,
     nid,
     remove,
     tiny_train_toml,
@@ -47,7 +46,7 @@ from trialbox.rollout.hf_policy import HFPolicy  # noqa: E402
 from trialbox.rollout.policy import ByteTokenizer, Generation  # noqa: E402
 from trialbox.train.model import ModelConfig, build_model  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 GPU_NODE = {"trialbox_gpu": 1}
 TOK = ByteTokenizer()
 PROMPTS = [TOK.encode(p) for p in ("def f(x):", "print(", "# sum of a list\n",
@@ -55,12 +54,21 @@ PROMPTS = [TOK.encode(p) for p in ("def f(x):", "print(", "# sum of a list\n",
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = head_cluster("namespace")
-    c.gpu_nodes = [c.add_node(num_cpus=1, resources=GPU_NODE)  # type: ignore[attr-defined]
-                   for _ in range(2)]
-    with driving(c, tmp_path_factory):
-        yield c
+def cluster(namespace_head: Cluster,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The shared cluster (tests/cluster/conftest.py) and, for this module, two GPU
+    nodes (the tests' own: removed again at its end, the replacement one too)."""
+    c = namespace_head
+    with connected(c, tmp_path_factory):
+        c.gpu_nodes = [c.add_node(num_cpus=1, resources=GPU_NODE)  # type: ignore[attr-defined]
+                       for _ in range(2)]
+        try:
+            yield c
+        finally:
+            for n in c.gpu_nodes:  # type: ignore[attr-defined]
+                if n in c.worker_nodes:
+                    remove(c, n)
+            del c.gpu_nodes  # type: ignore[attr-defined]
 
 
 def model(seed: int = 3) -> Any:

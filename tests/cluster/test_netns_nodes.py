@@ -30,7 +30,7 @@ from trialbox.cluster.node import FakeWorkload  # noqa: E402
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskSpec  # noqa: E402
 from trialbox.store.journal import Journal  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 NO_LEAKS = {"cgroups": [], "state": [], "processes": []}
 
 

@@ -36,7 +36,7 @@ from trialbox.errors import SandboxUnavailable  # noqa: E402
 from trialbox.sandbox.oci import OciConfig, cgroup_roots  # noqa: E402
 from trialbox.sandbox.reaper import owner_alive  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 NO_LEAKS: dict[str, list[str]] = {"cgroups": [], "state": [], "processes": []}
 
 

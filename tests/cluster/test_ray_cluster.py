@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The module's first test also pays for starting the cluster (one GCS and two raylets:
 # ~35 s on a quiet 2-core machine, 95 s at load 200), which pytest-timeout counts in
 # that test's time. Nothing timed here is a guarantee; the bound only catches a hang.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def node_resources(slots: int, *tiers: str) -> dict[str, float]:
@@ -152,10 +152,10 @@ tasks = 2
 
 
 @contextlib.contextmanager
-def driving(c: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """This process as the driver of `c`, then both shut down. Ray puts the driver's
-    working directory first on its workers' sys.path; from anywhere but a checkout,
-    nodes import the trialbox they have installed (as the driver does)."""
+def connected(c: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This process as the driver of `c` (Ray puts the driver's working directory first
+    on its workers' sys.path; from anywhere but a checkout, nodes import the trialbox
+    they have installed, as the driver does), disconnected at the end."""
     here = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("driver"))
     try:
@@ -167,6 +167,15 @@ def driving(c: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         yield
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def driving(c: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This process as the driver of `c`, then both shut down."""
+    try:
+        with connected(c, tmp_path_factory):
+            yield
+    finally:
         c.shutdown()
 
 
@@ -660,6 +669,7 @@ def test_humaneval_through_ray_same_verdicts_as_local(cluster: Cluster,
     assert sum(r["passed"] for r in local) == 8  # canonical pass, exploits do not
 
 
+@pytest.mark.bench_only
 def test_bench_scale_run_smoke(cluster: Cluster) -> None:
     """`trialbox bench cluster`'s scale part, tiny, on this module's cluster."""
     from trialbox.bench.cluster import _scale_run

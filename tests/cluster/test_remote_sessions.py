@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests.cluster.test_ray_cluster import (  # noqa: E402
-    head_cluster,
-    driving,
     config,
     nid,
     node_resources,
@@ -52,17 +49,11 @@ from trialbox.types import (  # noqa: E402
     Task,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+# `cluster`: the shared one (tests/cluster/conftest.py), its head offering namespace
 NO_LEAKS: dict[str, list[str]] = {"cgroups": [], "state": [], "processes": []}
 
 AGENT = AgentConfig(max_new_tokens=200, max_turns=2)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = head_cluster("namespace")
-    with driving(c, tmp_path_factory):
-        yield c
 
 
 def seen(r: ExecResult) -> tuple[Any, ...]:

@@ -16,7 +16,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,9 +26,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from tests.cluster.test_ray_cluster import (  # noqa: E402
-    head_cluster,
     ROOT,
-    driving,
     nid,
     node_resources,
     wait_all_nodes_free,
@@ -37,14 +34,8 @@ from tests.cluster.test_ray_cluster import (  # noqa: E402
 )
 from tests.service.conftest import LISTENING, Server, pool_processes  # noqa: E402
 
-pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = head_cluster("namespace")
-    with driving(c, tmp_path_factory):
-        yield c
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+# `cluster`: the shared one (tests/cluster/conftest.py), its head offering namespace
 
 
 class RayServer:
