@@ -59,6 +59,7 @@ bench: system $(STAMP)
 	$(VENV)/bin/trialbox bench train --out .bench/train.json
 	bash scripts/check-extras.sh  # trialbox and each extra from a fresh venv (~10 min: installs torch & co.)
 	$(VENV)/bin/trialbox demo --seeds 3,4,5 --json .bench/demo.json  # test pass@1 before/after GRPO, 3 seeds the recipe was not tuned on (~30 min)
+	$(VENV)/bin/trialbox bench fidelity --variants-per-task 20 --out .bench/fidelity.json  # 5,280 variants of 264 tasks graded by trialbox and the ordinary harness; exit 1 on any disagreement (~12 min)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
