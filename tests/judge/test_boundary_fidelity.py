@@ -274,8 +274,9 @@ FOOLS_IN_PROCESS = [
          ("assert sum(map(candidate, [1, 2])) == 0",), True),
 ]
 
-ATTACKS = [
-    # an object of the candidate's own class never crosses, however it compares
+LOWERED_ATTACKS = [
+    # a subclass of a builtin crosses as the builtin value it holds: its own __eq__
+    # stays behind, so the value is compared as it is and a wrong one fails
     Case("an always-equal str subclass",
          "def f(x):\n    class S(str):\n        def __eq__(self, o):\n            return True\n"
          "        __hash__ = str.__hash__\n    return S('no')\n",
@@ -288,6 +289,10 @@ ATTACKS = [
          "from typing import NamedTuple\nclass P(NamedTuple):\n    x: int\n"
          "    def __eq__(self, o):\n        return True\n"
          "def f(x):\n    return P(0)\n", ("assert candidate(1) == (1,)",), True),
+]
+
+ATTACKS = [
+    # an object of the candidate's own class never crosses, however it compares
     Case("an iterator class of its own",
          "class It:\n    def __iter__(self):\n        return self\n"
          "    def __next__(self):\n        raise StopIteration\n"
@@ -323,6 +328,13 @@ def test_candidate_classes_never_cross_whatever_their_eq(runner, case):
     g = grade(runner, case)
     assert not g.passed, (g.outcome, g.message)
     assert "not plain data" in g.message, g.message
+
+
+@pytest.mark.parametrize("case", LOWERED_ATTACKS, ids=[c.name for c in LOWERED_ATTACKS])
+def test_a_subclass_lying_about_equality_is_compared_by_its_value(runner, case):
+    assert in_process(case.source, case.tests), "the ordinary harness is fooled"
+    g = grade(runner, case)
+    assert g.outcome is Outcome.FAILED and "assertion failed" in g.message, g.message
 
 
 # -- what the harness does with what crosses --------------------------------------------

@@ -75,7 +75,9 @@ def test_frame_refuses_what_the_codec_refuses(stub):
             return True
 
         __hash__ = str.__hash__
-    for bad in (Sneaky("x"), object(), [1, object()]):
+    for bad in (object(), [1, object()]):
         with pytest.raises(codec.CodecError):
             stub._frame([1, "ok", bad])
+    # a str subclass crosses as the str it holds: its always-true __eq__ stays behind
+    assert codec.decode(stub._frame([1, "ok", Sneaky("x")])) == [1, "ok", "x"]
     assert math.isnan(stub.load(codec.encode(float("nan"))))

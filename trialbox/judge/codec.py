@@ -122,7 +122,43 @@ def _as_plain(v: Any, budget: int, iters: dict[int, list[Any]] | None) -> tuple[
     if t.__module__ in _ITER_MODULES and hasattr(t, "__next__"):
         made = iters.get(id(v)) if iters else None
         return "iter", list(islice(v, budget + 1)) if made is None else made
+    low = _lowered(v, t)
+    if low is not _NOTHING:
+        return "", low  # "": no tag, the builtin value itself (enc)
     raise _Bad(f"type {t.__name__} is not plain data")
+
+
+_NOTHING = object()
+_BASES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    # the builtin's own storage, read with the builtin's own methods: what the builtin's
+    # __eq__ compares, whatever the subclass overrides
+    (Counter, lambda v: Counter(dict(dict.items(v)))),
+    (OrderedDict, lambda v: OrderedDict(dict.items(v))),
+    (deque, lambda v: deque(deque.__iter__(v), v.maxlen)),
+    (bool, bool), (int, int.__int__), (float, float.__float__), (str, str.__str__),
+    (bytes, lambda v: bytes(memoryview(v))), (bytearray, bytes),
+    (list, lambda v: list(list.__iter__(v))), (tuple, lambda v: tuple(tuple.__iter__(v))),
+    (dict, lambda v: dict(dict.items(v))), (set, lambda v: set(set.__iter__(v))),
+    (frozenset, lambda v: frozenset(frozenset.__iter__(v))))
+
+
+def _lowered(v: Any, t: type) -> Any:
+    """A subclass of a builtin (`class Label(str): pass`, an IntEnum) as the builtin value
+    it holds (a Counter, OrderedDict or deque subclass as that stdlib type), and collections' UserString / UserList / UserDict as
+    their `.data` — what such a value compares equal to in-process, carried as plain
+    data (the class itself never crosses; an `__eq__` of its own stays behind, so an
+    always-equal subclass is compared by its value). _NOTHING for anything else."""
+    if t.__module__ == "collections" and t.__name__ in ("UserString", "UserList",
+                                                         "UserDict"):
+        return v.data
+    for c in t.__mro__[1:]:
+        if c.__module__ == "collections" and c.__name__ in ("UserString", "UserList",
+                                                             "UserDict"):
+            return v.data
+        base = next((f for b, f in _BASES if b is c), None)
+        if base is not None:
+            return base(v)
+    return _NOTHING
 
 
 def _loaded(module: str, name: str) -> Any:
@@ -171,7 +207,7 @@ def encode(value: object, *, max_size: int = MAX_SIZE, max_depth: int = MAX_DEPT
                 raise _Bad(f"cycle: this {type(v).__name__} contains itself")
             tag, payload = _as_plain(v, max_items - items, _iters)
             open_ids.add(id(v))
-            out = _tag(tag, enc(depth, payload))
+            out = _tag(tag, enc(depth, payload)) if tag else enc(depth, payload)
             open_ids.discard(id(v))
             return out
         if depth >= max_depth:
