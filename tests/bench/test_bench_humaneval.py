@@ -92,6 +92,7 @@ def test_parser_takes_the_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.bench_only  # a benchmark run end to end: make bench
 def test_bench_humaneval_smoke(tmp_path) -> None:
     out_file = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-c", CHILD, *ARGS, "--out", str(out_file)],

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trialbox.cli import build_parser
 from trialbox.bench import rollout as bench
 
 
+@pytest.mark.bench_only  # a benchmark run end to end: make bench
 def test_bench_rollout_smoke(runner, capsys):
     args = build_parser().parse_args(
         ["bench", "rollout", "--json", "--tasks", "2", "--group", "2", "--turns", "2",

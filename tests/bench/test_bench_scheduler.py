@@ -19,6 +19,7 @@ def test_count_inversions():
     assert count_inversions([(0.0, 1.0, 0), (0.0, 2.0, 1)]) == 0
 
 
+@pytest.mark.bench_only  # a benchmark run end to end: make bench
 def test_bench_scheduler_smoke(capsys, tmp_path):
     out_file = tmp_path / "sched.json"
     rc = cli_main(["bench", "scheduler", "--json", "--tasks", "300", "--active", "40",

@@ -43,6 +43,7 @@ def test_parse_levels_and_percentile() -> None:
     assert math.isnan(percentile([], 50))
 
 
+@pytest.mark.bench_only  # a benchmark run end to end: make bench
 def test_bench_sandbox_smoke(tmp_path) -> None:
     out_file = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-c", CHILD, *ARGS, "--out", str(out_file)],

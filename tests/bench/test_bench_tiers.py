@@ -22,6 +22,7 @@ def test_unknown_tier_is_a_clear_error() -> None:
         main(_args("--tiers", "namespace", "--runs", "2"))  # type: ignore[arg-type]
 
 
+@pytest.mark.bench_only  # a benchmark run end to end: make bench
 def test_one_tier_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     from trialbox.bench.sandbox import main
     rc = main(_args("--tiers", "namespace", "--runs", "5", "--seconds", "0.3",  # type: ignore[arg-type]

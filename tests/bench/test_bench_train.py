@@ -34,6 +34,7 @@ def test_bad_flag_is_a_usage_error(capsys):
     assert "--group" in capsys.readouterr().err
 
 
+@pytest.mark.bench_only  # a benchmark run end to end: make bench
 @pytest.mark.timeout(180)
 def test_bench_train_smoke(tmp_path):
     out_file = tmp_path / "train.json"
