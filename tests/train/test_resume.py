@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.schedule.journal_checks import check_journal
+from tests.train.crash_train import launcher
 from trialbox.errors import UsageError
 from trialbox.train.config import config_from_dict, with_changes
 from trialbox.train.episodes import episode_task_id
@@ -148,32 +149,33 @@ def test_kill_9_at_five_points_then_resume_equals_the_uninterrupted_run(runner, 
     kills = [f"episode:{rng.randint(1, 3)}", f"time:{rng.uniform(0.02, 0.25):.2f}",
              f"grading:{rng.randint(1, 4)}", "update:1", f"update:{rng.randint(1, 2)}"]
     kept: dict = {}  # (task, attempt) -> trajectory journaled with a reward before a kill
-    for n, kill in enumerate([*kills, "none"]):
-        args = [sys.executable, "-m", "tests.train.crash_train", kill, str(cfg_file),
-                "--out", out] + (["--resume"] if n else [])
-        p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=300)
-        if kill == "none":
-            assert p.returncode == 0, (why, p.stdout[-2000:], p.stderr[-3000:])
-        else:
-            assert p.returncode == -9, (kill, why, p.returncode, p.stderr[-3000:])
-        results, trajs = journal_rows(os.path.join(out, "journal.db"))
-        for key, tr in kept.items():  # what was finished is never run again
-            assert trajs[key] == tr, (key, kill, why)
-        kept |= {k: tr for k, tr in trajs.items() if tr["reward"] is not None}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with launcher(logs, ROOT) as run:  # each run a fresh process of its own
+        for n, kill in enumerate([*kills, "none"]):
+            rc, stdout, stderr = run(kill, [str(cfg_file), "--out", out]
+                                     + (["--resume"] if n else []))
+            if kill == "none":
+                assert rc == 0, (why, stdout[-2000:], stderr[-3000:])
+            else:
+                assert rc == -9, (kill, why, rc, stderr[-3000:])
+            results, trajs = journal_rows(os.path.join(out, "journal.db"))
+            for key, tr in kept.items():  # what was finished is never run again
+                assert trajs[key] == tr, (key, kill, why)
+            kept |= {k: tr for k, tr in trajs.items() if tr["reward"] is not None}
 
-    finals = check_journal(os.path.join(out, "journal.db"), "ref", expected)
-    assert all(state == "done" for state, _ in finals.values()), (finals, why)
-    # The records to equal: the same uninterrupted run in a fresh process, as the
-    # crashed runs are. (The in-process run above shares the process's global state with
-    # the tests that ran before it: in two fresh-clone `make test` runs its records
-    # differed from the crashed-and-resumed run's while the same seeds passed with this
-    # test alone — so it checks the journal and `tasks status`, not the bits.)
-    ref = str(tmp_path / "uninterrupted" / "ref")
-    os.makedirs(os.path.dirname(ref))
-    p = subprocess.run([sys.executable, "-m", "tests.train.crash_train", "none",
-                        str(cfg_file), "--out", ref], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
-    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+        finals = check_journal(os.path.join(out, "journal.db"), "ref", expected)
+        assert all(state == "done" for state, _ in finals.values()), (finals, why)
+        # The records to equal: the same uninterrupted run in a fresh process, as the
+        # crashed runs are. (The in-process run above shares the process's global state
+        # with the tests that ran before it: in two fresh-clone `make test` runs its
+        # records differed from the crashed-and-resumed run's while the same seeds passed
+        # with this test alone — so it checks the journal and `tasks status`, not the
+        # bits.)
+        ref = str(tmp_path / "uninterrupted" / "ref")
+        os.makedirs(os.path.dirname(ref))
+        rc, stdout, stderr = run("none", [str(cfg_file), "--out", ref])
+        assert rc == 0, (stdout[-2000:], stderr[-3000:])
     per_task: dict[str, int] = {}
     for task, _ in kept:
         per_task[task] = per_task.get(task, 0) + 1
