@@ -1,14 +1,14 @@
 """The trainer's async mode (`[rollout] mode = "async"`, trialbox/train/pipeline.py): the
 config switch, the staleness rule on a scripted producer, the priority of the oldest
 batch for environment slots, the off-policy ratio against the recorded log-probs, and
-short real runs (demo model, real judge) that record versions, keep the bound, resume,
-and still skip non-finite losses."""
+short real runs (demo model, real judge) with a larger bound and PPO, and that still
+skip non-finite losses. The short run that records versions, keeps the bound and
+resumes is test_resume.py's, with GRPO's and PPO's."""
 
 import asyncio
 import json
 import os
 import random
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
@@ -221,59 +221,7 @@ def _alternating_advantages(monkeypatch):
                                                        1.0, -1.0).view(r.shape))
 
 
-def test_short_async_run_records_versions_keeps_the_bound_and_resumes(
-        runner, tmp_path, monkeypatch):
-    import trialbox.train.trainer as trainer_module
-    _alternating_advantages(monkeypatch)
-    trained = []   # (policy versions of the trajectories, model's step) per update
-    real = trainer_module.policy_step
-
-    def spy(model, opt, trajs, *a, **kw):
-        trained.append({t.policy_version for t in trajs})
-        return real(model, opt, trajs, *a, **kw)
-
-    monkeypatch.setattr(trainer_module, "policy_step", spy)
-    # the model does one thing at a time (one generate call or update: the model slot)
-    real_busy, most = pipeline.ModelClock.busy, [0]
-
-    @contextmanager
-    def busy(self):
-        with real_busy(self):
-            most[0] = max(most[0], self.inside)
-            yield
-
-    monkeypatch.setattr(pipeline.ModelClock, "busy", busy)
-    out = str(tmp_path / "run")
-    config = _config(out)
-    result = runner.run(train(config, runner.pool), timeout=300)
-    assert result.steps_done == 3 and not result.stopped
-    assert most == [1]
-    steps = _steps(out)
-    assert [x["policy_version"] for x in steps] == [0, 0, 1]
-    assert [x["staleness"] for x in steps] == [0, 1, 1]
-    assert trained == [{0}, {0}, {1}]   # every trajectory carries its sampler's version
-    for x in steps:
-        assert x["episodes"] == 4 and x["trained_on"] == 4 and x["kind"] == "step"
-        assert x["gen_s"] > 0 and x["env_wall_s"] > 0
-        assert 0.0 <= x["policy_wait_share"] <= 1.0 and x["policy_wait_s"] >= 0.0
-    # it trained: the weights moved away from the warm start
-    final, _ = load_model(os.path.join(out, "final"))
-    sft_model, _ = load_model(os.path.join(out, "sft"))
-    assert not all(torch.equal(a, b) for a, b in
-                   zip(final.parameters(), sft_model.parameters(), strict=True))
-    runner.assert_no_leaks()
-
-    # resume: the batches in flight were not saved; the producer restarts at the
-    # checkpoint's step with the checkpoint's weights (staleness 0 for the first batch)
-    more = with_changes(config, run={"resume": True}, grpo={"steps": 5})
-    result = runner.run(train(more, runner.pool), timeout=300)
-    assert result.steps_done == 5
-    steps = _steps(out)
-    assert [x["step"] for x in steps] == [1, 2, 3, 4, 5]
-    assert [x["policy_version"] for x in steps][3:] == [3, 3]
-    assert [x["staleness"] for x in steps][3:] == [0, 1]
-
-
+@pytest.mark.slow
 def test_async_with_a_larger_bound_and_ppo(runner, tmp_path):
     out = str(tmp_path / "run")
     config = config_from_dict({
@@ -293,6 +241,7 @@ def test_async_with_a_larger_bound_and_ppo(runner, tmp_path):
     assert all("value_loss" in x for x in steps)
 
 
+@pytest.mark.slow
 def test_async_non_finite_losses_are_skipped_then_the_run_stops(runner, tmp_path,
                                                                 monkeypatch):
     import trialbox.train.update as update_module

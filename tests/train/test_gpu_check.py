@@ -20,6 +20,7 @@ def run_check(out, *args):
                           capture_output=True, text=True, timeout=110)
 
 
+@pytest.mark.slow
 def test_cpu_mode_runs_every_device_stage(tmp_path):
     p = run_check(tmp_path, "--device", "cpu")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -44,6 +45,7 @@ def test_cpu_mode_runs_every_device_stage(tmp_path):
     assert "| demo | 0.66M | cpu |" in p.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error; a GPU is here")
 def test_cuda_without_a_gpu_fails_with_the_reason(tmp_path):
     p = run_check(tmp_path, "--device", "cuda")

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from trialbox.train import demo_tasks as D
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "grpo_probe.py"
@@ -36,6 +38,7 @@ def test_reward_credits_only_the_tasks_program() -> None:
             assert probe.reward(task, wrong.expr + "\n") == 0.0
 
 
+@pytest.mark.slow
 def test_probe_smoke_run(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--sft", "3", "--steps", "2", "--tasks", "2",

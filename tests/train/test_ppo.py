@@ -1,24 +1,20 @@
 """PPO in the trainer: one update on a real tiny model (policy and value head), the NaN
-guard, the `algorithm` field's validation, and a short real run with resume."""
+guard, the `algorithm` field's validation. Its short real run with resume (the value
+head checkpointed and restored) is test_resume.py's, with GRPO's and async's."""
 
-import json
-import math
-import os
 
 import pytest
 import torch
 
 from trialbox.errors import UsageError
-from trialbox.train.config import Algorithm, GRPOConfig, config_from_dict, with_changes
+from trialbox.train.config import Algorithm, GRPOConfig, config_from_dict
 from trialbox.train.losses import gae, rewards_tensor
 from trialbox.train.ppo import (
-    VALUE_HEAD_FILE,
     ValueHead,
     logprobs_and_values,
     ppo_step,
     terminal_rewards,
 )
-from trialbox.train.trainer import train
 from trialbox.train.update import batch_of
 
 from tests.train.test_trainer import TOK, seq_logp, tiny, trajectory
@@ -99,44 +95,3 @@ def test_algorithm_field_is_an_enum_and_inconsistent_keys_name_the_field():
         config_from_dict({"grpo": {"algorithm": "ppo", "lam": 1.5}})
     with pytest.raises(UsageError, match=r"\[grpo\] value_coef and value_clip must be > 0"):
         config_from_dict({"grpo": {"algorithm": "ppo", "value_coef": 0.0}})
-
-
-def test_short_ppo_run_logs_value_loss_checkpoints_the_head_and_resumes(runner, tmp_path):
-    out = str(tmp_path / "run")
-    config = config_from_dict({
-        "run": {"out_dir": out, "seed": 1, "checkpoint_every": 1},
-        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2},
-        "sft": {"steps": 5, "batch_size": 8},
-        "grpo": {"algorithm": "ppo", "steps": 2, "tasks_per_step": 2, "group_size": 2,
-                 "micro_batch": 2},
-        # partial credit (and the turn penalty): rewards are non-zero even for a barely
-        # trained model, so the critic (which starts at 0) has something to fit
-        "rollout": {"max_turns": 2, "max_new_tokens": 8, "env_workers": 2,
-                    "reward": "pass_rate"},
-        "eval": {"tasks": 0}})
-    result = runner.run(train(config, runner.pool), timeout=300)
-    assert result.steps_done == 2 and not result.stopped
-    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
-    steps = [x for x in lines if x["kind"] == "step"]
-    assert [x["step"] for x in steps] == [1, 2]
-    for x in steps:
-        assert x["episodes"] == 4 and x["trained_on"] == 4 - x["excluded"]
-        assert x["reward"] != 0   # so some return is non-zero: the critic has an error
-        assert math.isfinite(x["value_loss"]) and x["value_loss"] > 0
-        assert math.isfinite(x["loss"])
-    head_file = os.path.join(out, "checkpoint", VALUE_HEAD_FILE)
-    saved = torch.load(head_file)
-    assert set(saved) == {"linear.weight", "linear.bias"}
-    assert os.path.exists(os.path.join(out, "final", VALUE_HEAD_FILE))
-
-    # resume: the head comes back from the checkpoint and training continues
-    more = with_changes(config, run={"resume": True}, grpo={"steps": 3})
-    result = runner.run(train(more, runner.pool), timeout=300)
-    assert result.steps_done == 3
-    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
-    assert [x["step"] for x in lines if x["kind"] == "step"] == [1, 2, 3]
-
-    # a GRPO checkpoint has no head: resuming it as PPO says what to change
-    os.remove(head_file)
-    with pytest.raises(UsageError, match=r"holds no value_head.pt"):
-        runner.run(train(with_changes(more, grpo={"steps": 4}), runner.pool))

@@ -209,6 +209,7 @@ def test_wilson_and_paired_rise():
 
 # --------------------------------------------------------------------------- real runs
 
+@pytest.mark.slow
 def test_a_run_on_a_jsonl_source(runner, tmp_path):
     src = write_jsonl(tmp_path / "t.jsonl", FUNCTION_ROWS)
     out = tmp_path / "run"
@@ -257,6 +258,7 @@ def served() -> Iterator[ReverseServer]:
     srv.server_close()
 
 
+@pytest.mark.slow
 def test_a_served_model_is_evaluated_on_the_test_split(runner, tmp_path, served):
     out = tmp_path / "run"
     config = config_from_dict({
@@ -285,16 +287,14 @@ def test_a_missing_demo_source_needs_no_files():
     assert sets.demo and len(sets.train_step(0)) == 2
 
 
-def test_trialbox_train_with_a_missing_source_exits_2_and_writes_nothing(tmp_path):
-    import subprocess
-    import sys
+def test_trialbox_train_with_a_missing_source_exits_2_and_writes_nothing(tmp_path, capsys):
+    from trialbox.cli import main as cli_main
     bad = tmp_path / "bad.toml"
     out = tmp_path / "run"
     bad.write_text(f'[run]\nout_dir = "{out}"\n[tasks]\nsource = "{tmp_path}/none.jsonl"\n')
-    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(bad)],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2, p.stderr[-2000:]
-    assert f"task file '{tmp_path}/none.jsonl' does not exist" in p.stderr
+    assert cli_main(["train", str(bad)]) == 2  # (tests/test_cli.py: main's status is the exit's)
+    err = capsys.readouterr().err
+    assert f"task file '{tmp_path}/none.jsonl' does not exist" in err, err[-2000:]
     assert not out.exists()
 
 

@@ -1,5 +1,6 @@
 """The GRPO update on a real tiny model, the NaN guard, configuration errors, the
-model's save/load, and a short real run (agent loop, judge, sandboxes) with resume."""
+model's save/load, and a real run stopped by non-finite losses. The short real run
+(agent loop, judge, sandboxes) with resume is test_resume.py's, one per way to train."""
 
 import json
 import os
@@ -7,14 +8,12 @@ import os
 import pytest
 import torch
 
-from trialbox import telemetry
 from trialbox.errors import UsageError
 from trialbox.rollout.policy import ByteTokenizer
 from trialbox.train.config import (
     GRPOConfig,
     config_from_dict,
     load_config,
-    with_changes,
 )
 from trialbox.train.losses import Advantage, rewards_tensor
 from trialbox.train.model import ModelConfig, build_model, load_model, resolve_device, \
@@ -155,71 +154,21 @@ def test_model_save_load_round_trip(tmp_path):
 
 # --------------------------------------------------------------------------- a real run
 
-def test_short_run_logs_checkpoints_and_resumes(runner, tmp_path):
-    out = str(tmp_path / "run")
-    config = config_from_dict({
-        "run": {"out_dir": out, "seed": 1, "checkpoint_every": 1},
-        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2},
-        "sft": {"steps": 5, "batch_size": 8},
-        "grpo": {"steps": 2, "tasks_per_step": 2, "group_size": 2, "micro_batch": 2},
-        "rollout": {"max_turns": 2, "max_new_tokens": 8, "env_workers": 2},
-        "eval": {"tasks": 4}})
-    events = []
-    with telemetry.capture() as exported, telemetry.use_metrics() as metrics:
-        result = runner.run(train(config, runner.pool, lambda e, r: events.append(e)),
-                            timeout=300)
-    assert result.steps_done == 2 and not result.stopped
-    # Each iteration is one trace: its episodes and its training step under it, and the
-    # run page's curve gets a point per step.
-    spans = exported.get_finished_spans()
-    iterations = [s for s in spans if s.name == "train.iteration"]
-    assert [s.attributes["train.step"] for s in iterations] == [1, 2]
-    for it in iterations:
-        under = {s.name for s in spans if s.parent is not None
-                 and s.parent.span_id == it.context.span_id}
-        assert {"episode", "model.generate", "train.step"} <= under, under
-    points = list(metrics.recent.runs["run"])  # the run page's curve (run id: out dir)
-    assert [p["step"] for p in points] == [1, 2] and all("reward_mean" in p for p in points)
-    assert result.pass_before is not None and result.pass_after is not None
-    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
-    steps = [x for x in lines if x["kind"] == "step"]
-    assert [x["step"] for x in steps] == [1, 2]
-    for x in steps:
-        assert x["episodes"] == 4 and x["excluded"] == 0
-        assert x["gen_s"] > 0 and x["env_wall_s"] > 0 and x["tokens_per_s"] > 0
-        assert 0.0 <= x["pass_rate"] <= 1.0
-    assert [x["kind"] for x in lines].count("eval") == 2
-    assert os.listdir(os.path.join(out, "tb"))
-    assert events.count("step") == 2 and events.count("eval") == 2
-    state = json.load(open(os.path.join(out, "checkpoint", "state.json")))
-    assert state["step"] == 2
-
-    # resume: one more step from the checkpoint, no SFT, no second "before" eval
-    more = with_changes(config, run={"resume": True}, grpo={"steps": 3})
-    result = runner.run(train(more, runner.pool), timeout=300)
-    assert result.steps_done == 3
-    lines = [json.loads(x) for x in open(os.path.join(out, "metrics.jsonl"))]
-    assert [x["step"] for x in lines if x["kind"] == "step"] == [1, 2, 3]
-    assert [x["kind"] for x in lines].count("sft") == 1
-
-
 def test_resume_without_a_checkpoint_is_a_usage_error(runner, tmp_path):
     config = config_from_dict({"run": {"out_dir": str(tmp_path), "resume": True}})
     with pytest.raises(UsageError, match="holds no checkpoint"):
         runner.run(train(config, runner.pool))
 
 
-def test_trialbox_train_cli_bad_input_exits_2_with_the_field(tmp_path):
-    import subprocess
-    import sys
+def test_trialbox_train_cli_bad_input_exits_2_with_the_field(tmp_path, capsys):
+    from trialbox.cli import main as cli_main
     bad = tmp_path / "bad.toml"
     bad.write_text("[grpo]\ngroup_size = 4\nlearning_rate = 0.1\n")
-    p = subprocess.run([sys.executable, "-m", "trialbox.cli", "train", str(bad)],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    assert "[grpo] unknown key 'learning_rate'" in p.stderr
+    assert cli_main(["train", str(bad)]) == 2  # (tests/test_cli.py: main's status is the exit's)
+    assert "[grpo] unknown key 'learning_rate'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_non_finite_losses_are_skipped_then_the_run_stops_with_the_reason(
         runner, tmp_path, monkeypatch):
     import trialbox.train.trainer as trainer_module
