@@ -144,8 +144,9 @@ _BASES: tuple[tuple[type, Callable[[Any], Any]], ...] = (
 
 def _lowered(v: Any, t: type) -> Any:
     """A subclass of a builtin (`class Label(str): pass`, an IntEnum) as the builtin value
-    it holds (a Counter, OrderedDict or deque subclass as that stdlib type), and collections' UserString / UserList / UserDict as
-    their `.data` — what such a value compares equal to in-process, carried as plain
+    it holds (a Counter, OrderedDict or deque subclass as that stdlib type), and
+    collections' UserString / UserList / UserDict as their `.data` — what such a value
+    compares equal to in-process, carried as plain
     data (the class itself never crosses; an `__eq__` of its own stays behind, so an
     always-equal subclass is compared by its value). _NOTHING for anything else."""
     if t.__module__ == "collections" and t.__name__ in ("UserString", "UserList",
