@@ -209,14 +209,15 @@ def test_bad_tracing_config_says_what_to_change() -> None:
 
 def test_cheats_are_counted_every_time_and_logged_once_per_interval(caplog, monkeypatch):
     """Issue 30: a reward function called per completion logged a line for every cheat
-    ("cheat detected: cheat detected — ..."). Now: one line per CHEAT_LOG_EVERY_S that
-    says how many it stands for; the metric counts each one."""
+    ("cheat detected: cheat detected — ..." at WARNING). Now: one WARNING per
+    CHEAT_LOG_EVERY_S that says how many more there were, the rest at INFO (kept in
+    each cheat's trace); the metric counts each one."""
     from trialbox.telemetry import instrument
     clock = [1000.0]
     monkeypatch.setattr(instrument.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(instrument, "_last_said", {})
     cheat = Grade("t/1", Outcome.CHEAT, message="cheat detected — canary-passed")
-    with telemetry.use_metrics() as m, caplog.at_level(logging.WARNING,
+    with telemetry.use_metrics() as m, caplog.at_level(logging.INFO,
                                                        logger=instrument.log.name):
         for _ in range(5):
             instrument.record_grade(cheat, "function", 0.01)
@@ -224,7 +225,9 @@ def test_cheats_are_counted_every_time_and_logged_once_per_interval(caplog, monk
         instrument.record_grade(cheat, "function", 0.01)
         assert m.value("trialbox_judge_outcomes_total", outcome="cheat",
                        kind="function") == 6.0
-    lines = [r.getMessage() for r in caplog.records if "canary-passed" in r.getMessage()]
-    assert lines == ["t/1: cheat detected — canary-passed",
-                     "t/1: cheat detected — canary-passed (and 4 more not logged in the "
-                     "last 10 s)"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records
+             if "canary-passed" in r.getMessage()]
+    assert lines == [("WARNING", "t/1: cheat detected — canary-passed")] + [
+        ("INFO", "t/1: cheat detected — canary-passed")] * 4 + [
+        ("WARNING", "t/1: cheat detected — canary-passed (and 4 more at INFO in the last "
+                    "10 s)")]

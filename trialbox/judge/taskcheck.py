@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trialbox.errors import UsageError
+from trialbox.errors import InfraError, UsageError
 from trialbox.judge.grade import grade
 from trialbox.judge.seeds import derive_seed
 from trialbox.sandbox.base import SandboxProvider
@@ -201,7 +201,7 @@ async def _reference(task: Task, provider: SandboxProvider, config: TaskCheckCon
                                          for s in seeds)))
     if any(g.outcome in (Outcome.INFRA,) for g in grades):
         bad = next(g for g in grades if g.outcome is Outcome.INFRA)
-        raise InfraCheckError(f"{task.task_id}: the machinery failed while checking the "
+        raise InfraError(f"{task.task_id}: the machinery failed while checking the "
                               f"reference: {bad.message}")
     passed = sum(g.passed for g in grades)
     if passed == len(grades):
@@ -213,10 +213,6 @@ async def _reference(task: Task, provider: SandboxProvider, config: TaskCheckCon
     return [TaskProblem(task.task_id, "hidden_tests", f"the reference passed {passed} of "
                         f"{len(grades)} gradings with different seeds: the tests are not "
                         f"deterministic ({_said(worst)})")]
-
-
-class InfraCheckError(Exception):
-    """The machinery failed during a check: no verdict on the task."""
 
 
 async def _function_judged(task: Task, provider: SandboxProvider,

@@ -95,20 +95,25 @@ def record_grade(grade: Grade, kind: str, seconds: float) -> None:
     elif grade.outcome is Outcome.CHEAT:
         m.recent.note("cheat", f"{grade.task_id}: {grade.message}", task_id=grade.task_id,
                       flags=list(grade.flags), trace_id=tid)
-        said = _said("cheat")  # one line per CHEAT_LOG_EVERY_S: the metric counts them all
-        if said is not None:
-            log.warning("%s: %s%s", grade.task_id, grade.message, said,
-                        extra={"task_id": grade.task_id, "outcome": outcome,
-                               "flags": list(grade.flags)})
+        # one WARNING per CHEAT_LOG_EVERY_S (what reaches a reward function's stderr),
+        # the rest at INFO: each cheat's trace keeps its line, the metric counts them all
+        said = _said("cheat")
+        text = grade.message if grade.message.startswith("cheat detected") else \
+            f"cheat detected: {grade.message}"
+        log.log(logging.INFO if said is None else logging.WARNING, "%s: %s%s",
+                grade.task_id, text, said or "",
+                extra={"task_id": grade.task_id, "outcome": outcome,
+                       "flags": list(grade.flags)})
     elif grade.flags:
         m.recent.note("flag", f"{grade.task_id}: {', '.join(grade.flags)}",
                       task_id=grade.task_id, flags=list(grade.flags), trace_id=tid)
 
 
 CHEAT_LOG_EVERY_S = 10.0
-"""At most one log line per this many seconds for a kind of event that can come once per
-graded sample (a reward function is called for every completion): the metrics
-(`trialbox_judge_outcomes_total`) and the dashboard's recent list count every one."""
+"""At most one WARNING line per this many seconds for a kind of event that can come once
+per graded sample (a reward function is called for every completion); the others are
+logged at INFO (a trace keeps them; the default stderr handler does not print them), and
+the metrics (`trialbox_judge_outcomes_total`) count every one."""
 _last_said: dict[str, tuple[float, int]] = {}
 _said_lock = threading.Lock()
 
@@ -123,7 +128,7 @@ def _said(kind: str) -> str | None:
             _last_said[kind] = (at, quiet + 1)
             return None
         _last_said[kind] = (now, 0)
-    return f" (and {quiet} more not logged in the last {CHEAT_LOG_EVERY_S:g} s)" if quiet \
+    return f" (and {quiet} more at INFO in the last {CHEAT_LOG_EVERY_S:g} s)" if quiet \
         else ""
 
 
