@@ -186,9 +186,12 @@ def test_busy_session_wait_counts_against_the_deadline(server: Server) -> None:
         sid = a.post("/v1/sessions", json={}).json()["session_id"]
         try:
             first: list[httpx.Response] = []
-            nap = load_scaled(2)  # the run stays in flight through the checks below
+            # the run stays in flight through the checks below; its wall limit well
+            # above the nap (the default 10 s is not, once load_scaled stretches it)
+            nap = min(load_scaled(2), 30.0)  # under the client's 60 s timeout
             t = _post_async(a, f"/v1/sessions/{sid}/run",
-                            {"code": f"import time; time.sleep({nap}); print('first')"},
+                            {"code": f"import time; time.sleep({nap}); print('first')",
+                             "limits": {"wall_s": nap + 60, "cpu_s": 10}},
                             first)
             assert wait_for(lambda: b.get("/v1/status").json()["admission"]["running"] >= 1)
             # Reading the session does not wait for the run (that would take its nap).
