@@ -113,6 +113,23 @@ def test_config_errors_name_the_field_to_change(tmp_path):
         load_config(str(bad))
 
 
+def test_a_bad_config_is_refused_before_torch_is_imported(tmp_path):
+    """`trialbox train` reads and checks the config, then imports the trainer: a typo
+    costs no ~10 s of torch and transformers imports (issue 26)."""
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grpo]\ngroup_sise = 4\n")
+    probe = ("import sys\nfrom trialbox.errors import UsageError\n"
+             "from trialbox.cli import main\n"
+             f"code = main(['train', {str(bad)!r}])\n"
+             "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert "unknown key 'group_sise'" in out.stderr, out.stderr
+    assert out.stdout.split() == ["2", "False", "False"], (out.stdout, out.stderr)
+
+
 def test_reward_kind_is_chosen_by_enum():
     from trialbox.train.config import RewardKind
     from trialbox.train.trainer import agent_config

@@ -101,7 +101,6 @@ def main(args: argparse.Namespace) -> int:
         from trialbox.train.demo_run import main as demo_main
         return demo_main(args)
     from trialbox.train.config import load_config
-    from trialbox.train.trainer import train
     from trialbox.cluster.cli import check_local_flags
     check_local_flags(args)
     checkpoints = getattr(args, "session_checkpoints", None)
@@ -117,6 +116,9 @@ def main(args: argparse.Namespace) -> int:
     if args.resume:
         run["resume"] = True
     config = load_config(args.config, {"run": run} if run else None)
+    # The trainer (torch, transformers: ~10 s) is imported only once the config and the
+    # flags are known good, so a mistake in either is refused at once.
+    from trialbox.train.trainer import train
     if generation is not None:
         from trialbox.train.config import PolicyKind
         if config.policy.kind is not PolicyKind.LOCAL:

@@ -28,9 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from trialbox.errors import UsageError
-from trialbox.train.losses import Advantage, Aggregation
-from trialbox.train.model import ModelConfig
-from trialbox.train.sft import SFTConfig
+from trialbox.train.settings import Advantage, Aggregation, ModelConfig, SFTConfig
 from trialbox.train.tasksets import EvalSplit, TasksSection, check_tasks_table
 
 

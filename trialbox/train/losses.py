@@ -16,36 +16,13 @@ Variants are chosen once, by enum, when the trainer is built (`Advantage`,
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from trialbox.errors import UsageError
-
-
-class Advantage(enum.Enum):
-    """How group rewards become advantages (one scalar per sample)."""
-
-    GRPO = "grpo"
-    """(r - mean(group)) / (std(group) + eps): DeepSeekMath's group normalisation."""
-    DR_GRPO = "dr_grpo"
-    """r - mean(group): Dr. GRPO drops the std division (it up-weights groups that are
-    nearly all right or all wrong, a difficulty bias)."""
-
-
-class Aggregation(enum.Enum):
-    """How per-token losses become one number."""
-
-    TOKEN_MEAN = "token_mean"
-    """Sum over every masked token of the batch / number of masked tokens."""
-    SEQ_MEAN = "seq_mean"
-    """Mean over sequences of each sequence's token mean (GRPO's original form: a long
-    answer's tokens each weigh less)."""
-    SEQ_SUM = "seq_sum"
-    """Sum over masked tokens / (B * max_tokens), a constant: Dr. GRPO's unbiased form
-    (no length normalisation)."""
+from trialbox.train.settings import Advantage, Aggregation
 
 
 def rewards_tensor(rewards: Sequence[float | None]) -> tuple[Tensor, Tensor]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,35 +25,9 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from trialbox.errors import UsageError
 from trialbox.rollout.policy import ByteTokenizer
+from trialbox.train.settings import ModelConfig
 
 TOKENIZER_FILE = "trialbox_tokenizer.json"
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the tiny policy (GPT-2 blocks: learned positions, pre-LayerNorm)."""
-
-    n_layer: int = 3
-    """Transformer blocks."""
-    n_embd: int = 128
-    """Width of the residual stream."""
-    n_head: int = 4
-    """Attention heads (must divide n_embd)."""
-    n_positions: int = 256
-    """Longest sequence (prompt + every turn + feedback), in bytes."""
-    dropout: float = 0.0
-    """Dropout everywhere; 0 keeps generation log-probs equal to training log-probs."""
-
-    def __post_init__(self) -> None:
-        for name in ("n_layer", "n_embd", "n_head", "n_positions"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise UsageError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head:
-            raise UsageError(f"model.n_head={self.n_head} must divide model.n_embd="
-                             f"{self.n_embd}; change one of them")
-        if not 0.0 <= self.dropout < 1.0:
-            raise UsageError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
 
 
 def build_model(config: ModelConfig, tok: ByteTokenizer | None = None,

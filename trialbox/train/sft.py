@@ -21,40 +21,7 @@ import torch
 
 from trialbox.errors import UsageError
 from trialbox.rollout.policy import ByteTokenizer
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """The supervised phase."""
-
-    steps: int = 300
-    """Optimizer steps."""
-    batch_size: int = 32
-    """Pairs per step."""
-    lr: float = 2e-3
-    """Peak learning rate (linear warm-up over `warmup` steps, then cosine to 10%)."""
-    warmup: int = 20
-    """Warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    seed: int = 0
-    """Order of the pairs."""
-    teacher_error: float = 0.0
-    """The demo's data: the share of tasks of a buggy template that the unverified
-    teacher answers with its bug (`demo_tasks.TEACHER_BUGS`); 0 = a perfect teacher."""
-    retry_share: float = 0.25
-    """The demo's data: the share of pairs that are second turns (a wrong answer, the
-    feedback marker, then the teacher's answer)."""
-
-    def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.warmup < 0:
-            raise UsageError("[sft] steps must be >= 0, batch_size >= 1, warmup >= 0")
-        if not self.lr > 0:
-            raise UsageError(f"[sft] lr must be > 0, got {self.lr!r}")
-        for name in ("teacher_error", "retry_share"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UsageError(f"[sft] {name} must be in [0, 1], got "
-                                 f"{getattr(self, name)!r}")
+from trialbox.train.settings import SFTConfig
 
 
 @dataclass
