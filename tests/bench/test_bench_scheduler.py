@@ -25,9 +25,11 @@ def test_bench_scheduler_smoke(capsys, tmp_path):
     rc = cli_main(["bench", "scheduler", "--json", "--tasks", "300", "--active", "40",
                    "--turns", "2", "--think-ms", "2", "--exec-ms", "1", "--out",
                    str(out_file)])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out, capsys_err = captured.out, captured.err
     assert rc == 0, out
-    res = json.loads(out.strip().splitlines()[-1])
+    assert len(out.strip().splitlines()) == 1  # --json: stdout is the JSON line only
+    res = json.loads(out)
     assert json.loads(out_file.read_text())["params"] == res["params"]
     s, b = res["scheduler"], res["baseline"]
     assert s["done"] == b["done"] == 300
@@ -52,7 +54,8 @@ def test_bench_scheduler_smoke(capsys, tmp_path):
     assert ag["scheduler"]["mean_batch"] > 5 and ag["baseline"]["mean_batch"] > 5
     assert ag["scheduler"]["bytes_per_episode"] > 0 and ag["baseline"]["bytes_per_episode"] > 0
     assert ag["us_per_transition"] is not None
-    assert "scheduler" in out and "baseline" in out and "Goals:" in out
+    table = capsys_err  # --json: the table went to stderr
+    assert "scheduler" in table and "baseline" in table and "Goals:" in table
 
 
 def test_bench_scheduler_bad_arguments(capsys):

@@ -27,12 +27,14 @@ def test_one_tier_tiny_run(capsys: pytest.CaptureFixture[str]) -> None:
     from trialbox.bench.sandbox import main
     rc = main(_args("--tiers", "namespace", "--runs", "5", "--seconds", "0.3",  # type: ignore[arg-type]
                     "--concurrency", "1"))
-    out = capsys.readouterr().out
-    res = json.loads(out.strip().splitlines()[-1])
+    captured = capsys.readouterr()
+    out = captured.out
+    assert len(out.strip().splitlines()) == 1  # --json: stdout is the JSON line only
+    res = json.loads(out)
     assert rc == 0 and res["ok"], res["problems"]
     ns = res["tiers"]["namespace"]
     assert ns["warm"]["runs"] == 5 and ns["warm"]["start"]["p50_ms"] > 0
     assert ns["cold"]["samples"] == 5
     assert ns["throughput"]["1"]["warm"]["ok"] > 0 and ns["throughput"]["1"]["cold"]["ok"] > 0
     assert res["goal_gvisor_run_p50"]["met"] is None  # gvisor not asked for
-    assert "warm run p50 / p95 ms" in out
+    assert "warm run p50 / p95 ms" in captured.err  # the table

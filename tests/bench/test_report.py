@@ -11,7 +11,8 @@ import math
 from trialbox.bench import report
 
 
-def test_emit_prints_the_table_then_one_json_line_and_writes_out(tmp_path, capsys) -> None:
+def test_emit_prints_the_table_to_stderr_and_one_json_line_and_writes_out(tmp_path,
+                                                                         capsys) -> None:
     out = tmp_path / "r.json"
     p = argparse.ArgumentParser()
     report.add_output_arguments(p)
@@ -19,8 +20,9 @@ def test_emit_prints_the_table_then_one_json_line_and_writes_out(tmp_path, capsy
     res = {"rate": 1.23456789, "none": math.nan, "inf": math.inf, "xs": [0.5, math.nan],
            "obj": object, "n": 3}
     written = report.emit(res, args, "TABLE\nrow", nd=3)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[:2] == ["TABLE", "row"] and len(lines) == 3
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()  # --json: stdout is the JSON line only (| jq works)
+    assert captured.err.splitlines() == ["TABLE", "row"] and len(lines) == 1
     assert json.loads(lines[-1]) == written == json.loads(out.read_text())
     assert written["rate"] == 1.235 and written["none"] is None and written["inf"] is None
     assert written["xs"] == [0.5, None] and written["n"] == 3

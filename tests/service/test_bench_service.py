@@ -32,8 +32,9 @@ def test_bench_service_smoke(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
     assert json.loads(out.read_text()) == res
-    assert "trialbox bench service" in p.stdout and "trialbox / plain" in p.stdout
-    assert "refused" in p.stdout and "no per-request guard preamble" in p.stdout
+    assert len(p.stdout.strip().splitlines()) == 1  # --json: the table is on stderr
+    assert "trialbox bench service" in p.stderr and "trialbox / plain" in p.stderr
+    assert "refused" in p.stderr and "no per-request guard preamble" in p.stderr
     tb, plain = res["systems"]["trialbox"], res["systems"]["plain"]
     # Every hostile program in the mix came up at least once; trialbox answered every
     # request with a reason and judged every program right.

@@ -308,7 +308,7 @@ def main(args: argparse.Namespace) -> int:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
     if args.json:
-        print(json.dumps(res, indent=2))
+        print(json.dumps(res, separators=(",", ":")))  # one line, like every bench
         return 0
     if judge_ns:
         _print_judge(res)

@@ -902,7 +902,8 @@ def main(args: argparse.Namespace) -> int:
             with CpuMeter() as meter:
                 res = asyncio.run(_run(params, machine, workdir, meter))
         res["duration_s"] = round(time.monotonic() - t0, 1)
-        print(render_table(res), flush=True)
+        print(render_table(res), flush=True,
+              file=sys.stderr if args.json else sys.stdout)  # --json: stdout is JSON only
         if out is not None:
             out.write(json.dumps(res, indent=2, allow_nan=False) + "\n")
     finally:

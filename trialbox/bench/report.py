@@ -163,14 +163,16 @@ def notes_and_problems(res: dict[str, Any]) -> list[str]:
 def emit(res: Any, args: argparse.Namespace, table: str | None = None, *,
          nd: int | None = None, indent: int = 2) -> Any:
     """Print `table`, then write the results: to `args.out` indented, and with
-    `args.json` as one compact line, the last of stdout. Returns what was written
+    `args.json` as one compact line, the only line of stdout (the table then goes to
+    stderr, so `trialbox bench X --json | jq` works). Returns what was written
     (`jsonable(res, nd)`)."""
+    json_out = getattr(args, "json", False)
     if table is not None:
-        print(table, flush=True)
+        print(table, flush=True, file=sys.stderr if json_out else sys.stdout)
     clean = jsonable(res, nd)
     if getattr(args, "out", None):
         with open(args.out, "w") as f:
             f.write(json.dumps(clean, indent=indent) + "\n")
-    if getattr(args, "json", False):
+    if json_out:
         print(json.dumps(clean, separators=(",", ":")), flush=True)
     return clean

@@ -32,6 +32,7 @@ import asyncio
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -275,7 +276,8 @@ def main(args: argparse.Namespace) -> int:
                                    "met": None if p50 is None
                                    else p50 <= GOAL_GVISOR_RUN_P50_MS},
            "ok": not problems}
-    print(render(res), flush=True)
+    print(render(res), flush=True,
+          file=sys.stderr if args.json else sys.stdout)  # --json: stdout is JSON only
     if args.out:
         with open(args.out, "w") as f:
             f.write(json.dumps(res, indent=2) + "\n")
