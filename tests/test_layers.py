@@ -1,11 +1,12 @@
 """The house's layering (DESIGN.md): data flows one way and no lower layer imports an
-upper one — `types/errors` ← `sandbox` ← `judge` ← `schedule` ← `cluster` ← `rollout` ←
+upper one — `types/errors/versions` ← `sandbox` ← `judge` ← `schedule` ← `rollout` ←
 `train`; `store` and `telemetry` are used by all and import only the vocabulary;
-`service`, `integrations`, `bench` and `cli` sit on top. `cluster` (the Ray backend:
-node actors grading with the judge, placement under the scheduler's journal) sits under
-the layers that place their grading on it (`train --backend ray`, `serve --backend ray`)
-and imports nothing of theirs. Every import counts, the ones inside functions
-and under TYPE_CHECKING too: a lazy import is still a dependency."""
+`cluster` (the Ray backend: node actors grading with the judge, placement under the
+scheduler's journal, `train --backend ray`), `service`, `integrations`, `bench` and
+`cli` sit on top. What a lower layer needs of the cluster is defined below it: `NodeLost`
+in errors.py (the agent loop and the service catch it), the software check in
+versions.py (the policy fleet makes it too). Every import counts, the ones inside
+functions and under TYPE_CHECKING too: a lazy import is still a dependency."""
 
 from __future__ import annotations
 
@@ -15,18 +16,20 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trialbox"
 
 # Each part and the parts it may import (besides itself). The order is the design's.
-_ORDER = ["sandbox", "judge", "schedule", "cluster", "rollout", "train"]
-_BASE = {"types", "errors", "store", "telemetry"}
+_ORDER = ["sandbox", "judge", "schedule", "rollout", "train"]
+_BASE = {"types", "errors", "versions", "store", "telemetry"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "types": {"errors"},
+    "versions": {"errors"},
     "store": {"types", "errors", "telemetry"},
     "telemetry": {"types", "errors", "store"},
     **{part: _BASE | set(_ORDER[:i]) for i, part in enumerate(_ORDER)},
-    "service": _BASE | set(_ORDER),
-    "integrations": _BASE | set(_ORDER),
-    "bench": _BASE | set(_ORDER) | {"service"},
-    "cli": _BASE | set(_ORDER) | {"service", "bench"},
+    "cluster": _BASE | set(_ORDER),
+    "service": _BASE | set(_ORDER) | {"cluster"},
+    "integrations": _BASE | set(_ORDER) | {"cluster"},
+    "bench": _BASE | set(_ORDER) | {"cluster", "service"},
+    "cli": _BASE | set(_ORDER) | {"cluster", "service", "bench"},
     "__init__": set(),
 }
 

@@ -12,7 +12,7 @@
     │   │                   file and the field)
     │   ├── cluster.placement.TierUnavailable      no cluster node offers the tier asked for
     │   ├── cluster.backend.ClusterUnreachable     no Ray cluster (or too few nodes) at --address
-    │   ├── cluster.backend.VersionMismatch        a node runs other Python/Ray/trialbox code
+    │   ├── versions.VersionMismatch               a node runs other Python/Ray/trialbox code
     │   ├── cluster.backend.NodeStartFailed        a live node's actor could not start (its
     │   │                   pools, its workloads): the node is misconfigured
     │   ├── sandbox.mounts.PathObstructed  a workspace path is in the way (a directory
@@ -31,7 +31,7 @@
     │   ├── SandboxStartError   a sandbox could not be started or set up
     │   ├── ZygoteDied          the warm fork server died
     │   ├── store.journal.JournalError  the journal cannot be written or read
-    │   ├── cluster.placement.NodeLost  the node running the work died or was cut off:
+    │   ├── NodeLost            the node running the work died or was cut off:
     │   │                   retried elsewhere; its late answer is discarded
     │   ├── cluster.channel.ChannelClosed  the connection to a node broke (its process
     │   │                       died, the network cut it): the node is treated as lost
@@ -93,6 +93,13 @@ class UnknownLanguage(UsageError):
 
 class InfraError(TrialboxError):
     """The machinery failed, not the candidate. Retry; if it persists, exclude the sample."""
+
+
+class NodeLost(InfraError):
+    """The node running this work died, was cut off or stopped answering: the work is
+    retried elsewhere; whatever that node still says about it is discarded. Defined
+    here, not in `cluster/`, because the layers below the cluster (the agent loop, the
+    service) catch it without importing the Ray backend."""
 
 
 class SandboxUnavailable(InfraError):

@@ -33,11 +33,11 @@ from trialbox.cluster.backend import (  # noqa: E402
     ClusterConfig,
     ClusterUnreachable,
     RayBackend,
-    VersionMismatch,
 )
 from trialbox.cluster.node import FakeWorkload  # noqa: E402
 from trialbox.cluster.placement import TierUnavailable  # noqa: E402
 from trialbox.errors import UsageError  # noqa: E402
+from trialbox.versions import VersionMismatch  # noqa: E402
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskSpec  # noqa: E402
 from trialbox.store.journal import Journal  # noqa: E402
 

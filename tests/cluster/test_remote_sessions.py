@@ -31,7 +31,7 @@ from tests.cluster.test_ray_cluster import (  # noqa: E402
 from tests.rollout.test_agent_fake import RIGHT, SQUARE, WRONG  # noqa: E402
 from trialbox.cluster.backend import RayBackend  # noqa: E402
 from trialbox.cluster.node import JudgeWorkload  # noqa: E402
-from trialbox.cluster.placement import NodeLost  # noqa: E402
+from trialbox.errors import NodeLost  # noqa: E402
 from trialbox.cluster.sessions import RemoteProvider, RemoteSandbox  # noqa: E402
 from trialbox.errors import SandboxUnavailable, UsageError  # noqa: E402
 from trialbox.rollout.agent import AgentConfig, rollout  # noqa: E402
@@ -273,11 +273,11 @@ def test_a_checkpointed_session_moves_when_its_node_is_lost(
 # ---------------------------------------------------------------------- train wiring
 def test_train_backend_ray_gives_the_episodes_sessions_on_the_nodes(
         cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`trialbox train --backend ray` (`train/cli.py`) hands the trainer a provider whose
+    """`trialbox train --backend ray` (`cli/train.py`) hands the trainer a provider whose
     sessions are on the nodes, and the cluster judge: a rollout the trainer would run
     with them executes and is judged there. (The full train run through the CLI is
     test_ray_cluster.py's; its demo tasks run no code in sessions.)"""
-    from trialbox.train import cli as train_cli
+    from trialbox.cli import train as train_cli
     from trialbox.train import trainer
     from trialbox.train.config import load_config
     head = nid(cluster.head_node)

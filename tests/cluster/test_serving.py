@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("ray")  # cluster/serving.py imports the Ray backend
 
 from trialbox.cluster.node import Node, NodeConfig
-from trialbox.cluster.placement import NodeInfo, NodeLost, Placer
+from trialbox.cluster.placement import NodeInfo, Placer
+from trialbox.errors import NodeLost
 from trialbox.cluster.serving import ServingProvider
 from trialbox.cluster.sessions import SessionWorkload, workload_name
 from trialbox.sandbox.fake import FAKE_RUNTIME

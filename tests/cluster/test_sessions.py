@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from trialbox.cluster.node import Node, NodeConfig
-from trialbox.cluster.placement import NodeLost
+from trialbox.errors import NodeLost
 from trialbox.cluster.sessions import RemoteProvider, SessionWorkload, workload_name
 from trialbox.errors import SandboxUnavailable, UsageError
 from trialbox.sandbox.base import Sandbox, SandboxProvider

@@ -110,7 +110,7 @@ def serve() -> None:
     run's exit status on stdout (-9: killed by SIGKILL)."""
     # what `trialbox train` imports (torch, transformers...), imported once, here
     import trialbox.cli
-    import trialbox.train.cli
+    import trialbox.cli.train
     import trialbox.train.trainer  # noqa: F401
     for line in sys.stdin:
         kill, out, err, *args = json.loads(line)

@@ -38,7 +38,6 @@ import asyncio
 import functools
 import logging
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,9 +48,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from trialbox import telemetry
 from trialbox.cluster.channel import ChannelClient, ChannelClosed
-from trialbox.cluster.node import Node, NodeConfig, Workload, code_fingerprint
-from trialbox.cluster.placement import Lease, NodeInfo, NodeLost, Placer
-from trialbox.errors import InfraError, TrialboxError, UsageError
+from trialbox.cluster.node import Node, NodeConfig, Workload
+from trialbox.cluster.placement import Lease, NodeInfo, Placer
+from trialbox.errors import InfraError, NodeLost, TrialboxError, UsageError
+from trialbox.versions import VersionMismatch, code_fingerprint, software_mismatch
 
 log = logging.getLogger("trialbox.cluster")
 
@@ -62,10 +62,6 @@ TIER = "trialbox_tier_"
 
 class ClusterUnreachable(UsageError):
     """No Ray cluster answers at the given address."""
-
-
-class VersionMismatch(UsageError):
-    """A node runs another Python, Ray or trialbox code than the driver."""
 
 
 class NodeStartFailed(UsageError):
@@ -140,20 +136,6 @@ class _Member:
     ping: asyncio.Task[None] | None = None
     channel: ChannelClient | None = None
     """The direct connection `run` uses (None: Ray actor calls)."""
-
-
-def software_mismatch(info: dict[str, Any], fingerprint: str) -> str:
-    """What differs between a node's `software_versions()` and this driver's ("" when
-    nothing does), said so that the fix is plain."""
-    mine = {"python": "%d.%d" % sys.version_info[:2], "ray": ray.__version__,
-            "code": fingerprint}
-    differ = [f"{k} {info.get(k)} (driver: {v})" for k, v in mine.items()
-              if info.get(k) != v]
-    if not differ:
-        return ""
-    return ("runs other software than the driver: " + ", ".join(differ)
-            + f"; trialbox there is at {info.get('package')}. Install the same "
-            "trialbox, Ray and Python on every node and the driver")
 
 
 def _check_reachable(address: str, timeout: float) -> None:

@@ -19,9 +19,7 @@ Nothing here imports Ray: the class is plain Python; `backend.py` wraps it.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,39 +35,11 @@ from trialbox.sandbox.base import SandboxProvider
 from trialbox.sandbox.fake import FakeProvider
 from trialbox.sandbox.languages import offered
 from trialbox.types import Grade, Task
-
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from trialbox.versions import software_versions
 
 TIERS = ("namespace", "gvisor", "container", "fake")
 """Tiers a node can offer (the names of its `trialbox_tier_<name>` resources): the
 judging providers of `judge/provider.py` (`container` runs `runc`), and `fake` (tests)."""
-
-
-def software_versions() -> dict[str, Any]:
-    """Python, Ray and trialbox code of this process: what a driver compares with its own
-    before a node (or a policy server) starts anything (`backend.software_mismatch`)."""
-    import importlib.metadata as md
-    try:
-        ray_version = md.version("ray")
-    except md.PackageNotFoundError:
-        ray_version = None
-    return {"python": "%d.%d" % sys.version_info[:2], "ray": ray_version,
-            "code": code_fingerprint(), "package": PACKAGE}
-
-
-def code_fingerprint(package: str = PACKAGE) -> str:
-    """SHA-256 over the trialbox package's Python sources: driver and nodes must run the
-    same code (a version string can stay equal while the code differs)."""
-    h = hashlib.sha256()
-    for root, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith((".py", ".c")):
-                path = os.path.join(root, name)
-                h.update(os.path.relpath(path, package).encode() + b"\0")
-                with open(path, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from trialbox.errors import InfraError, UsageError
-
-
-class NodeLost(InfraError):
-    """The node running this work died, was cut off or stopped answering: the work is
-    retried elsewhere; whatever that node still says about it is discarded."""
+from trialbox.errors import InfraError, NodeLost, UsageError
 
 
 class TierUnavailable(UsageError):

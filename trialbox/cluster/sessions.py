@@ -43,8 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trialbox.cluster.node import NodeContext
-from trialbox.cluster.placement import NodeLost
-from trialbox.errors import SandboxUnavailable, UsageError
+from trialbox.errors import NodeLost, SandboxUnavailable, UsageError
 from trialbox.sandbox.base import Sandbox, SandboxProvider
 from trialbox.sandbox.languages import offered
 from trialbox.types import ExecResult, Limits, Runtime

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trialbox import telemetry
-from trialbox.cluster.placement import NodeLost
-from trialbox.errors import InfraError, SandboxUnavailable, UsageError
+from trialbox.errors import InfraError, NodeLost, SandboxUnavailable, UsageError
 from trialbox.judge.answer import read_code
 from trialbox.judge.function import JudgeConfig, open_harness
 from trialbox.judge.grade import grade

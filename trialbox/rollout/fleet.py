@@ -20,7 +20,7 @@ declares — `trialbox_gpu` stands in for a GPU on a machine without one (`ray s
 --resources '{"trialbox_gpu": 1}'`; the server then samples on the CPU). `resource =
 "auto"` takes `GPU` when the cluster has any, else `trialbox_gpu`. A server is refused,
 before it loads anything, when it runs other Python, Ray or trialbox code than the
-driver (the nodes' check, `backend.software_mismatch`).
+driver (the nodes' check, `versions.software_mismatch`).
 
 **Weights, by version.** `publish(model, version)` copies the trainer's weights once
 into Ray's object store (`ray.put`, on the event loop between updates: a consistent
@@ -60,10 +60,14 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from trialbox.cluster.backend import VersionMismatch, software_mismatch
-from trialbox.cluster.node import code_fingerprint, software_versions
 from trialbox.errors import InfraError, UsageError
 from trialbox.rollout.policy import Generation, Tokenizer, check_generate_args
+from trialbox.versions import (
+    VersionMismatch,
+    code_fingerprint,
+    software_mismatch,
+    software_versions,
+)
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from trialbox.cluster.placement import NodeLost
-from trialbox.errors import InfraError
+from trialbox.errors import InfraError, NodeLost
 from trialbox.service.admission import Overloaded, Ticket
 from trialbox.service.errors import DeadlineExpired
 from trialbox.service.state import ServiceState

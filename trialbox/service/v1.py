@@ -35,8 +35,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from trialbox.cluster.placement import NodeLost
-from trialbox.errors import InfraError, UsageError
+from trialbox.errors import InfraError, NodeLost, UsageError
 from trialbox.judge.answer import answer_of
 from trialbox.judge.evaluate import reward_of
 from trialbox.judge.grade import grade as judge

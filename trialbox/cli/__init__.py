@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     ast_.add_argument("--db", required=True, help="review queue (SQLite file)")
     ast_.add_argument("--run-id", default=None, help="only this run")
 
-    from trialbox.train.cli import add_parsers as add_train_parsers
+    from trialbox.cli.train import add_parsers as add_train_parsers
     add_train_parsers(sub)  # demo [sandbox], train CONFIG.toml
     from trialbox.service.server import add_parser as add_serve_parser
     add_serve_parser(sub)
@@ -266,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "audit":
             return _audit(args)
         if args.command in ("demo", "train"):
-            from trialbox.train.cli import main as train_main
+            from trialbox.cli.train import main as train_main
             return train_main(args)
         if args.command == "serve":
             from trialbox.service.server import main as serve_main
