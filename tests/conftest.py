@@ -67,8 +67,9 @@ class Runner:
         """Host pids of this pool running as a sandbox uid (a candidate or its children).
 
         Candidates cannot leave their cell's cgroup, so membership identifies them."""
-        lo = self.pool.config.uid_base
-        hi = lo + self.pool.config.uid_count
+        assert self.pool.uids is not None
+        lo = self.pool.uids.first
+        hi = lo + self.pool.uids.count
         found = []
         for name in os.listdir("/proc"):
             if not name.isdigit():

@@ -59,7 +59,7 @@ def two_pools() -> Iterator[tuple[Runner, CellPool]]:
     """A pool, and a second one in its loop: 'another machine' as far as a snapshot
     can tell (its own zygote, cells, uids and state directory)."""
     r = Runner(PoolConfig(warm=1))
-    other = r.run(CellPool(PoolConfig(warm=1, uid_base=2_000_000)).start())
+    other = r.run(CellPool(PoolConfig(warm=1)).start())
     yield r, other
     r.run(other.close())
     r.close()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from trialbox.errors import (SandboxStartError, SandboxUnavailable, Unavailable, UsageError,
                              ZygoteDied)
-from trialbox.sandbox import mounts
+from trialbox.sandbox import mounts, uids
 from trialbox.sandbox.capacity import (MEMORY_CHECK_AFTER, Admission, derive_capacity,
                                        raise_fd_limit)
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
@@ -71,10 +71,13 @@ class PoolConfig:
     """Host directory for session tmpfs mounts and the read-only root template."""
     python: str = "/usr/bin/python3"
     """The runtime's interpreter: runs the zygote, so sandboxed Python starts warm."""
-    uid_base: int = 1_000_000
-    """First host uid handed to sessions (unprivileged, owns nothing on the host)."""
     uid_count: int = 65_536
-    """How many uids the pool cycles through; each open session holds one."""
+    """How many host uids the pool leases for its sessions (whole blocks of 65,536 from
+    the node's grid, uids.py: no other pool on the node, in any process, has them);
+    each open session holds one."""
+    uid_lease_dir: str = uids.LEASE_DIR
+    """Where the node's uid leases are kept (uids.py). Node-wide: every pool on a node
+    must use the same, so leave the default outside tests."""
     max_cell_sessions: int = 1000
     """Sessions one cell may serve (reset between them) before it is replaced."""
     preload: tuple[str, ...] = ("traceback", "linecache", "collections", "functools",
@@ -137,9 +140,8 @@ class PoolConfig:
                              "session_memory_mb > 0")
         if self.max_starting < 1 or self.dense_after < 0:
             raise UsageError("PoolConfig: max_starting must be >= 1 and dense_after >= 0")
-        if self.uid_base < 65_536 or self.uid_count < 1:
-            raise UsageError("PoolConfig.uid_base must be >= 65536 (above every real "
-                             "user) and uid_count >= 1")
+        if self.uid_count < 1:
+            raise UsageError("PoolConfig.uid_count must be at least 1")
 
 
 class CellPool:
@@ -174,6 +176,8 @@ class CellPool:
         self._peak_value, self._peak_at = 0, 0.0
         self._live: dict[str, Cell] = {}
         self._failures = 0
+        self.uids: uids.UidLease | None = None
+        """The host uids this pool's sessions run as, leased for the pool's life."""
         self._uids_in_use: set[int] = set()
         self._uid_next = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -235,6 +239,7 @@ class CellPool:
         self.reaped = reap_orphans(self.config.state_dir, self.cgroups)
         if any(self.reaped.values()):
             log.warning("reaped what dead pools left behind: %s", self.reaped)
+        self.uids = uids.lease(self.config.uid_count, self.config.uid_lease_dir)
         os.makedirs(self.sessions_dir, exist_ok=True)
         os.chmod(self.dir, 0o700)
         # The cells' root is a bind of this directory; on a filesystem of its own, the
@@ -369,11 +374,15 @@ class CellPool:
         if self.devnull >= 0:
             os.close(self.devnull)
             self.devnull = -1
+        if self.uids is not None:  # last: every process that ran as them is gone
+            self.uids.close()
 
     # ---------------------------------------------------------------- uids
     def take_uid(self) -> int:
+        """A host uid for a new session: the pool's lease, round robin, none in use."""
+        assert self.uids is not None, "the pool is not started"
         for _ in range(self.config.uid_count):
-            uid = self.config.uid_base + self._uid_next
+            uid = self.uids.first + self._uid_next
             self._uid_next = (self._uid_next + 1) % self.config.uid_count
             if uid not in self._uids_in_use:
                 self._uids_in_use.add(uid)

@@ -296,9 +296,10 @@ class Snapshot:
 
 
 def restored_owner(pool: CellPool) -> int:
-    """The uid owning a loaded snapshot's files: just below the pool's session uids,
-    so no session ever runs as it."""
-    return pool.config.uid_base - 1
+    """The uid owning a loaded snapshot's files: just below the node's grid of session
+    uids (uids.py), so no session ever runs as it."""
+    from trialbox.sandbox.uids import NODE_BASE
+    return NODE_BASE - 1
 
 
 def _limits_dict(limits: Limits) -> dict[str, Any]:
