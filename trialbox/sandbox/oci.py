@@ -32,12 +32,15 @@ starting up reaps what dead supervisors left behind — containers (`runtime del
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import time
@@ -52,6 +55,7 @@ from trialbox.sandbox.cgroups import _mounts as _cgroup_mounts
 from trialbox.sandbox.network import Gate, check_node, configure_sandbox_side, new_netns
 from trialbox.sandbox.reaper import owner_alive, owner_id
 from trialbox.sandbox.seccomp import build_filter
+from trialbox.sandbox.userns import SLOT_SIZE, UidLease, make_userns
 from trialbox.sandbox.zygote_client import (
     BASE_ENV,
     DEV_NODES,
@@ -133,8 +137,15 @@ class OciConfig:
     """The runtime's interpreter (runs the fork server and sandboxed Python)."""
     warm: int = 2
     """Sessions started ahead of time (container up, fork server ready)."""
-    uid_base: int = 1_100_000
-    """Host uid that container uid 0 maps to (container tier's user namespace)."""
+    uid_base: int = 1_500_000_000
+    """First host uid of the container tier's uid slots: session k's container uids
+    0..65535 are host `uid_base + k * 65536...` (userns.py), a range of their own, far
+    above the namespace tier's (PoolConfig.uid_base)."""
+    uid_slots: int = 1024
+    """Container sessions that may be open on this node at once, all processes together
+    (each holds a slot: its own host uids, so per-user kernel budgets are its own)."""
+    uid_lock_dir: str = "/run/trialbox-oci-uids"
+    """Where the slots' lock files live (one per slot, flock'ed by its holder)."""
     default_limits: Limits = field(default_factory=Limits)
     """Limits warm sessions are prepared with (disk size; network off)."""
     start_timeout_s: float = 20.0
@@ -159,8 +170,12 @@ class OciConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.warm <= 64:
             raise UsageError(f"OciConfig.warm must be 0..64, got {self.warm}")
-        if self.uid_base < 65_536:
-            raise UsageError("OciConfig.uid_base must be >= 65536 (above every real user)")
+        if self.uid_base < 65_536 or self.uid_slots < 1:
+            raise UsageError("OciConfig.uid_base must be >= 65536 (above every real user) "
+                             "and uid_slots >= 1")
+        if self.uid_base + self.uid_slots * SLOT_SIZE > 2**32 - 2:
+            raise UsageError(f"OciConfig: uid_base + uid_slots * {SLOT_SIZE} passes the "
+                             "largest host uid (2**32 - 2); lower uid_base or uid_slots")
 
 
 # ------------------------------------------------------------------ the bundle
@@ -179,11 +194,44 @@ def build_rootfs(root: str, src: str = "/") -> None:
     os.makedirs(os.path.join(root, "sys"), exist_ok=True)
 
 
+FORKSERVER_NOFILE = 4096
+"""RLIMIT_NOFILE of the fork server (a run sets its own, Limits.open_files)."""
+DEV_TMPFS_BYTES = 64 * 1024
+_DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
+            "urandom": (1, 9), "tty": (5, 0)}
+"""The nodes runc and crun bind into every container (their defaults and DEV_NODES)."""
+CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE, MS_NOEXEC = 0x20000, 0x1000, 0x4000, 1 << 18, 8
+
+
+def make_dev_dir(path: str) -> None:
+    """A 64 KiB tmpfs at `path` (not nodev) holding the device nodes a container gets."""
+    os.makedirs(path, exist_ok=True)
+    if mounts._libc.mount(b"tmpfs", path.encode(), b"tmpfs", mounts.MS_NOSUID | MS_NOEXEC,
+                          f"size={DEV_TMPFS_BYTES},mode=755".encode()) != 0:
+        raise OSError(ctypes.get_errno(), f"mount tmpfs on {path}")
+    for name, (major, minor) in _DEVICES.items():
+        node = os.path.join(path, name)
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        os.chmod(node, 0o666)
+
+
+def private_dev(dev: bytes) -> None:
+    """In the runtime's process before exec: a mount namespace of its own whose /dev is
+    `dev` (make_dev_dir), so the device nodes it binds into the container come from
+    there and the container's mountinfo names no devtmpfs."""
+    libc = mounts._libc
+    if (libc.unshare(CLONE_NEWNS) != 0
+            or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
+            or libc.mount(dev, b"/dev", None, MS_BIND, None) != 0):
+        raise OSError(ctypes.get_errno(), "a private /dev for the container runtime")
+
+
 def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str,
                   limits: Limits, cgroup: str | None, uid_base: int,
-                  src: str = "/") -> dict[str, Any]:
+                  src: str = "/", userns: str = "") -> dict[str, Any]:
     """The OCI runtime spec of one session's container; `src`: where /usr (and
-    /etc/alternatives) come from — an image's rootfs, or the host's."""
+    /etc/alternatives) come from — an image's rootfs, or the host's; `userns`: the path
+    of a user namespace (mapping uid_base...) for the container to join (userns.py)."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
     mnts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -221,16 +269,21 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
         # namespace, emptying the files between attempts; every run drops them all
         caps += ["CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SYS_ADMIN", "CAP_SETPCAP"]
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    if engine.name != "runsc":  # gVisor shows no host cgroup (its own /proc)
+        namespaces.append({"type": "cgroup"})  # the session's cgroup reads as "/"
     if not limits.network:
         namespaces.append({"type": "network"})
     linux: dict[str, Any] = {"namespaces": namespaces,
+                             # what would name the host (its kernel command line, its
+                             # boot), empty as in the namespace tier's cells
                              "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list",
                                              "/proc/sched_debug", "/sys/firmware",
-                                             "/proc/scsi"],
+                                             "/proc/scsi", "/proc/cmdline",
+                                             "/proc/sys/kernel/random/boot_id"],
                              "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger",
                                                "/proc/irq", "/proc/bus"]}
     if engine.userns:
-        namespaces.append({"type": "user"})
+        namespaces.append({"type": "user", **({"path": userns} if userns else {})})
         linux["uidMappings"] = [{"containerID": 0, "hostID": uid_base, "size": 65536}]
         linux["gidMappings"] = [{"containerID": 0, "hostID": uid_base, "size": 65536}]
     if cgroup is not None:
@@ -244,7 +297,10 @@ def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str
             "cwd": "/",
             "capabilities": {k: caps for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": True,
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
+            # joining a user namespace, runc cannot raise a limit (EPERM): the runtime
+            # process is given it instead (Container._start)
+            "rlimits": [] if userns else [{"type": "RLIMIT_NOFILE", "hard": FORKSERVER_NOFILE,
+                                           "soft": FORKSERVER_NOFILE}],
         },
         "root": {"path": rootfs, "readonly": True},
         "hostname": "sandbox",
@@ -296,8 +352,11 @@ class _Channel:
 class Container:
     """One running container whose init is the fork server."""
 
-    def __init__(self, provider: OciProvider, sid: str, sdir: str, limits: Limits):
+    def __init__(self, provider: OciProvider, sid: str, sdir: str, limits: Limits,
+                 uid_base: int = 0):
         self.provider, self.sid, self.sdir, self.limits = provider, sid, sdir, limits
+        self.uid_base = uid_base
+        """Host uid of the container's uid 0 (its session's slot: userns.py)."""
         self.cid = f"{provider.id}-{sid}"
         self.cgroup = f"trialbox-oci/{provider.id}/{sid}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -321,10 +380,26 @@ class Container:
 
     async def start(self) -> None:
         p = self.provider
+        userns = -1
+        if p.engine.userns:  # owned by the session's own uid, not host root (userns.py)
+            userns, netns = await p.loop.run_in_executor(
+                None, make_userns, self.uid_base, self.uid_base, SLOT_SIZE,
+                bool(self.limits.net_allow))
+            if netns >= 0:  # the gate's namespace must be the user namespace's own
+                self.netns = netns
+        try:
+            await self._start(userns)
+        finally:
+            if userns >= 0:  # joined by the container (or it failed): ours is not needed
+                os.close(userns)
+
+    async def _start(self, userns: int) -> None:
+        p = self.provider
         fs = os.path.join(self.sdir, "fs")
         config = bundle_config(p.engine, p.rootfs, p.tb_dir, fs, p.config.python,
                                self.limits, None if p.engine.join_cgroup else self.cgroup,
-                               p.config.uid_base, p.image_src)
+                               self.uid_base, p.image_src,
+                               f"/proc/{os.getpid()}/fd/{userns}" if userns >= 0 else "")
         with open(os.path.join(self.sdir, "config.json"), "w") as f:
             json.dump(config, f)
         if self.limits.net_allow:
@@ -339,12 +414,18 @@ class Container:
         # run (SCM_RIGHTS: `pass_fds`; gVisor imports them as host fds).
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs_fd, ctl_fd = theirs.fileno(), p.engine.ctl_fd
+        dev = p.dev_dir.encode() if p.engine.userns else b""
 
         def enter() -> None:  # in the child, before exec
             for path in join:  # into the session's cgroup
                 with open(path, "w") as fh:
                     fh.write("0")
             os.setsid()
+            if dev:
+                private_dev(dev)
+            if userns >= 0:
+                resource.setrlimit(resource.RLIMIT_NOFILE,
+                                   (FORKSERVER_NOFILE, FORKSERVER_NOFILE))
             if ctl_fd != 0:
                 os.dup2(theirs_fd, ctl_fd)
 
@@ -389,7 +470,8 @@ class Container:
         """A network namespace of our own for the container, with a gate (network.py)
         to what `Limits.net_allow` allows; the bundle joins it by path."""
         loop = self.provider.loop
-        self.netns = await loop.run_in_executor(None, new_netns)
+        if self.netns < 0:  # else made with the container's user namespace (userns.py)
+            self.netns = await loop.run_in_executor(None, new_netns)
         await loop.run_in_executor(None, configure_sandbox_side, self.netns)
         self.gate = await loop.run_in_executor(None, Gate.open, self.limits.net_allow,
                                                self.netns, self.provider.config.net_egress)
@@ -479,6 +561,9 @@ class OciProvider:
         self.dir = os.path.join(self.config.state_dir, self.id)
         self.rootfs = os.path.join(self.dir, "rootfs")
         self.tb_dir = os.path.join(self.dir, "tb")
+        self.dev_dir = os.path.join(self.dir, "dev")
+        """A small tmpfs of device nodes that runc/crun bind into a container's /dev
+        (`private_dev`): the host's devtmpfs, sized to the host's memory, is not named."""
         self.runtime_root = os.path.join(self.dir, "runtime")
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
@@ -488,6 +573,7 @@ class OciProvider:
         self.reaped: dict[str, int] = {}
         self.python_names: frozenset[str] = frozenset()
         self._seq = 0
+        self._slot_hint = int.from_bytes(os.urandom(2), "little")
         self._ready: list[OciSession] = []
         self._warming = 0
         self._changed = asyncio.Event()  # a warm-up finished (ready, or failed)
@@ -514,6 +600,12 @@ class OciProvider:
         return {"RLIMIT_NOFILE": [limits.open_files, limits.open_files],
                 "RLIMIT_CPU": [cpu, cpu + 1], "RLIMIT_CORE": [0, 0],
                 "RLIMIT_FSIZE": [limits.disk_bytes, limits.disk_bytes]}
+
+    def lease_uids(self) -> UidLease:
+        """A uid slot of this node's for one container session (userns.py)."""
+        self._slot_hint += 1
+        return UidLease.take(self.config.uid_lock_dir, self.config.uid_base,
+                             self.config.uid_slots, self._slot_hint % self.config.uid_slots)
 
     async def start(self) -> OciProvider:
         self.loop = asyncio.get_running_loop()
@@ -552,9 +644,16 @@ class OciProvider:
         self.reaped = reap_orphans(self.config.state_dir)
         if any(self.reaped.values()):
             log.warning("reaped what dead %s supervisors left: %s", self.tier, self.reaped)
-        for d in (self.dir, self.tb_dir, self.runtime_root, os.path.join(self.dir, "s")):
+        for d in (self.dir, self.tb_dir, self.rootfs, self.runtime_root,
+                  os.path.join(self.dir, "s")):
             os.makedirs(d, exist_ok=True)
         os.chmod(self.dir, 0o711 if self.engine.userns else 0o700)
+        # The root skeleton and /.tb on tmpfs of their own: a container's mountinfo then
+        # shows "/" as their root, not the host path with this provider's owner id.
+        mounts.mount_tmpfs(self.rootfs, 64 << 20, mode=0o755)
+        mounts.mount_tmpfs(self.tb_dir, 16 << 20, mode=0o755)
+        if self.engine.userns:
+            make_dev_dir(self.dev_dir)
         with open(os.path.join(self.dir, "engine"), "w") as f:
             f.write(" ".join(self.engine.argv(self.runtime_root)))
         if self.image_guard is not None:

@@ -26,8 +26,9 @@ from trialbox.errors import SandboxStartError, SandboxUnavailable, UsageError
 from trialbox.sandbox import mounts
 from trialbox.sandbox.namespace import _check_pass_fds, run_environment
 from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S, Container,
-                                  OciProvider)
+                                  MiB, OciProvider)
 from trialbox.sandbox.supervisor import close_quietly
+from trialbox.sandbox.userns import UidLease
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 CARRY_ALL = 1 << 62
@@ -49,14 +50,20 @@ class OciSession:
         self._lock = asyncio.Lock()
         self._run: _Run | None = None
         self._refused = 0  # refused network attempts counted by containers destroyed
-        self.uid = SANDBOX_UID + (provider.config.uid_base if provider.engine.userns else 0)
-        """Host uid of the workspace's files (the sandbox's uid 1000, as the host sees it)."""
+        self.lease: UidLease | None = None
+        """The session's uid slot (container tier: its own host uids, userns.py)."""
+        self.uid = SANDBOX_UID
+        """Host uid of the workspace's files (the sandbox's uid 1000, as the host sees it:
+        under gVisor 1000 itself, whose gofer writes them; in a container its slot's)."""
 
     @property
     def workspace(self) -> str:
         return os.path.join(self.fs, "work")
 
     def make_workspace(self) -> None:
+        if self.provider.engine.userns:
+            self.lease = self.provider.lease_uids()
+            self.uid = self.lease.base + SANDBOX_UID
         os.makedirs(self.fs)
         os.chmod(self.dir, 0o711)
         mounts.mount_tmpfs(self.fs, self.limits.disk_bytes, uid=0, mode=0o755)
@@ -76,7 +83,8 @@ class OciSession:
         self.limits = limits
 
     async def start_container(self) -> None:
-        c = Container(self.provider, self.sid, self.dir, self.limits)
+        c = Container(self.provider, self.sid, self.dir, self.limits,
+                      self.lease.base if self.lease is not None else 0)
         self.container = c
         try:
             await c.start()
@@ -191,6 +199,9 @@ class OciSession:
             for mp in mounts.mounts_under(self.fs):
                 mounts.umount(mp)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.lease is not None:  # no process of the session is left to hold its uids
+            self.lease.release()
+            self.lease = None
 
     # -- runs -------------------------------------------------------------------------
     async def exec(self, argv: Sequence[str], *, stdin: bytes = b"",
@@ -322,6 +333,10 @@ class _Run:
         self.base_usage = 0
         self.peak = 0
         self.oom_base = 0
+        self.disk_used0 = 0
+        self.memory_stop = False
+        """The run was stopped for memory (reported `memory`, or `disk` when its files
+        filled that memory)."""
         self._timer: asyncio.TimerHandle | None = None
 
     def kill(self, reason: ExecStatus, message: str) -> None:
@@ -376,6 +391,7 @@ class _Run:
             files.begin_run(self.sb.provider.host_limits(limits), carry=CARRY_ALL)
             self.base_usage = files.base.usage_bytes
             self.oom_base = files.base.oom_kills
+            self.disk_used0 = self._disk_used()
         except OSError as e:
             c.dead = True
             return self.sb._infra(f"could not set the session's cgroup limits: {e}")
@@ -440,7 +456,7 @@ class _Run:
                 stats = None
         end = self.t_end or time.monotonic()
         status, code, sig, message = self._classify(oom, stats.cpu_ns if stats else 0)
-        if status is ExecStatus.MEMORY or self.c.dead:
+        if self.memory_stop or self.c.dead:  # a gVisor sandbox stopped for memory: not kept
             self.c.dead = self.c.dead or self.sb.provider.engine.name == "runsc"
         return ExecResult(
             status=status, exit_code=code, signal=sig, message=message,
@@ -459,15 +475,15 @@ class _Run:
             return (ExecStatus.INFRA, None, None, "the sandbox died before the program "
                     f"started: {self.c.log_tail()}")
         if oom_kills and self.kill_reason in (None, ExecStatus.MEMORY):
-            return (ExecStatus.MEMORY, None, 9,
-                    f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+            return self._memory_result()
+        if self.kill_reason is ExecStatus.MEMORY:
+            return self._memory_result()
         if self.kill_reason is not None:
             return self.kill_reason, None, 9, self.kill_message
         st = self.status
         if st is None:
             if self.peak > 0.8 * self.limits.memory_bytes:  # the sandbox died near the cap
-                return (ExecStatus.MEMORY, None, 9,
-                        f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+                return self._memory_result()
             return (ExecStatus.INFRA, None, None,
                     f"the sandbox died during the run: {self.c.log_tail()}")
         if os.WIFSIGNALED(st):
@@ -486,6 +502,32 @@ class _Run:
             return (ExecStatus.DISK, code, None,
                     f"workspace full (Limits.disk_mb={self.limits.disk_mb})")
         return ExecStatus.EXIT, code, None, f"exit status {code}"
+
+    def _memory_result(self) -> tuple[ExecStatus, int | None, int | None, str]:
+        """A run stopped for memory, and why. The session's files live in a tmpfs whose
+        pages are charged to its cgroup (and, under gVisor, to the Sentry's page cache on
+        their way there): when the files the run wrote took at least half of its memory
+        limit it was filling its disk (with `disk_mb` above what memory leaves for
+        files, the memory limit ends it before the tmpfs is full), and the feedback says
+        so — the namespace tier's rule (supervisor.Run._oom_cause), so every tier names
+        the same cause."""
+        self.memory_stop = True
+        written = self._disk_used() - self.disk_used0
+        if written * 2 >= self.limits.memory_bytes:
+            return (ExecStatus.DISK, None, 9,
+                    f"workspace files ({written / MiB:.1f} MiB written) filled the memory "
+                    f"they are kept in (Limits.memory_mb={self.limits.memory_mb}, below "
+                    f"Limits.disk_mb={self.sb.limits.disk_mb})")
+        return (ExecStatus.MEMORY, None, 9,
+                f"memory passed Limits.memory_mb={self.limits.memory_mb}")
+
+    def _disk_used(self) -> int:
+        """Bytes in use in the session's tmpfs (workspace, /tmp, /dev/shm)."""
+        try:
+            st = os.statvfs(self.sb.fs)
+        except OSError:
+            return 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
 
     def _disk_full(self) -> bool:
         try:
