@@ -105,6 +105,20 @@ def test_eval_journal_kill_9_three_times_then_resume(tmp_path):
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["counts"] == {"done": len(attempts)}
 
+    # without --db: the same scheduler tasks, journaled in memory (one admission path for
+    # every piece of work) — the same rows and summary, no journal file left anywhere
+    mem_out = tmp_path / "mem.jsonl"
+    cmd = _cmd(samples, mem_out, ref_db)
+    del cmd[cmd.index("--db"):cmd.index("--db") + 2]
+    before = set(os.listdir(tmp_path))
+    p = _run(cmd)
+    assert p.returncode == 0, p.stderr
+    assert set(os.listdir(tmp_path)) - before == {"mem.jsonl"}
+    mem_rows = [json.loads(x) for x in mem_out.read_text().splitlines()]
+    assert _comparable(mem_rows) == _comparable(ref_rows)
+    assert json.loads(p.stdout.strip().splitlines()[-1])["db"] is None
+    assert _summary(p.stdout) == ref_summary
+
     # the same run killed three times: as soon as its tasks are journaled, then after 3
     # and after 7 results; then resumed to the end
     db, out = tmp_path / "run.db", tmp_path / "run.jsonl"

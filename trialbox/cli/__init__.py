@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "trialbox.judge.amplify), or 'humaneval' for the shipped set, to each "
                    "task's hidden tests")
     e.add_argument("--db", default=None, metavar="FILE",
-                   help="journal every attempt (sample x repeat) as a scheduler task in "
-                   "this SQLite file: watch it with `trialbox tasks status RUN --db FILE`, "
+                   help="keep the journal of the run's scheduler tasks (one per sample x "
+                   "repeat; without --db it lives in memory) in this SQLite file: watch "
+                   "it with `trialbox tasks status RUN --db FILE`, "
                    "finish it after a crash with --resume")
     e.add_argument("--run", default="eval", metavar="NAME",
                    help="the run's name in --db (default 'eval')")
@@ -281,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 async def _eval(args: argparse.Namespace) -> int:
-    from trialbox.judge.evaluate import Evaluator, evaluate, progress_bar, read_samples
+    from trialbox.judge.evaluate import Evaluator, progress_bar, read_samples
     from trialbox.judge.function import JudgeConfig
     from trialbox.judge.provider import TIERS, judge_provider
     from trialbox.judge.reward import RewardSpec
@@ -321,35 +322,32 @@ async def _eval(args: argparse.Namespace) -> int:
         from trialbox.cluster.cli import eval_on_ray
         rows, summary = await eval_on_ray(args, tasks, samples, config, stdio, spec)
         return _write_rows(args.out, rows, summary)
-    journal = None
-    if args.db:  # checked against the run before any sandbox starts or row is written
-        from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
-        with open(args.samples, "rb") as f:
-            raw = f.read()
-        fingerprint = inputs_fingerprint(raw, list(tasks), repeat=args.repeat,
-                                         reward=args.reward, time_scale=args.time_scale,
-                                         amplified=args.amplified)
-        journal = open_run(args.db, args.run, fingerprint, args.resume)
+    # Every attempt is a task of the journaled scheduler (DESIGN.md decision 5: one
+    # admission path for every piece of work): in the --db file, to resume; without
+    # --db, in a journal that lives in this process only.
+    from trialbox.schedule.evaljob import evaluate_journaled, inputs_fingerprint, open_run
+    from trialbox.store.journal import MEMORY
+    with open(args.samples, "rb") as f:
+        raw = f.read()
+    fingerprint = inputs_fingerprint(raw, list(tasks), repeat=args.repeat,
+                                     reward=args.reward, time_scale=args.time_scale,
+                                     amplified=args.amplified)
+    # checked against the run before any sandbox starts or row is written
+    journal = open_run(args.db or MEMORY, args.run, fingerprint, args.resume)
     try:
         async with judge_provider(args.tier, warm=min(2 * args.workers, 32),
                                   image=args.image) as pool:
-            if journal is not None:
-                ev = Evaluator(tasks, pool, workers=args.workers, config=config,
-                               stdio_config=stdio, reward_spec=spec)
-                rows, summary, info = await evaluate_journaled(
-                    journal, args.run, ev, samples, repeat=args.repeat,
-                    fingerprint=fingerprint, resume=args.resume, progress=progress_bar)
+            ev = Evaluator(tasks, pool, workers=args.workers, config=config,
+                           stdio_config=stdio, reward_spec=spec)
+            rows, summary, info = await evaluate_journaled(
+                journal, args.run, ev, samples, repeat=args.repeat,
+                fingerprint=fingerprint, resume=args.resume, progress=progress_bar)
+            if args.db:
                 print(f"trialbox: eval run {info.run_id!r} in {args.db}: {info.graded_now} "
                       f"attempts graded now, {info.read_back} read back from the journal",
                       file=sys.stderr)
-            else:
-                rows, summary = await evaluate(tasks, samples, pool, repeat=args.repeat,
-                                               workers=args.workers, config=config,
-                                               stdio_config=stdio, reward_spec=spec,
-                                               progress=progress_bar)
     finally:
-        if journal is not None:
-            journal.close()
+        journal.close()
     return _write_rows(args.out, rows, summary)
 
 

@@ -40,7 +40,7 @@ from trialbox.judge.evaluate import (
     summarize,
 )
 from trialbox.schedule.scheduler import Scheduler, SchedulerConfig, TaskContext, TaskSpec
-from trialbox.store.journal import Journal
+from trialbox.store.journal import MEMORY, Journal
 from trialbox.types import EvalSample, Grade, GradedRow, Outcome, Sample
 
 KIND = "eval"
@@ -196,4 +196,5 @@ async def evaluate_journaled(journal: Journal, run_id: str, evaluator: Evaluator
         rows.append(await evaluator.row(sample, attempt_grades,
                                         reference or Reference()))
     summary = summarize(evaluator.tasks, rows, repeat, time.monotonic() - t0)
-    return rows, {"run": run_id, "db": journal.path, **summary}, info
+    db = None if journal.path == MEMORY else journal.path  # None: held in memory only
+    return rows, {"run": run_id, "db": db, **summary}, info

@@ -108,9 +108,21 @@ def dumps(obj: Any) -> str:
     return json.dumps(to_jsonable(obj), separators=(",", ":"), allow_nan=False)
 
 
+MEMORY = ":memory:"
+"""The path of a journal that lives in this process only (`trialbox eval` without
+--db): the same scheduler and records, nothing left on disk."""
+
+
 def connect(path: str, *, readonly: bool) -> sqlite3.Connection:
     """Open `path` as a trialbox journal, checking that it is one. A missing file is
-    created only when writing; a foreign or corrupt file is refused with a JournalError."""
+    created only when writing; a foreign or corrupt file is refused with a JournalError.
+    `MEMORY` opens a new, private in-memory journal."""
+    if path == MEMORY and not readonly:
+        conn = sqlite3.connect(MEMORY, isolation_level=None, check_same_thread=False)
+        conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA application_id={APP_ID}")
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        return conn
     if readonly:
         if not os.path.exists(path):
             raise UsageError(f"no journal at {path!r}; pass the journal file of a run "
