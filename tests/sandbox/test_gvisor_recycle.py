@@ -1,8 +1,15 @@
-"""Recycled gVisor sessions (oci.Engine.recycle): a closed session's runsc sandbox is
-reset and handed to the next `open()`, so a judged attempt costs a warm run, not a cold
-start. What attempt k left — files in /workspace, /tmp and /dev/shm, processes, SysV and
-POSIX IPC objects, its environment — must be invisible to attempt k+1 in the same
-sandbox; limits still hold there; nothing is left after kill -9 of the supervisor."""
+"""gVisor sessions and the sandboxes they run in.
+
+By default each session is a sandbox of its own (a fresh gVisor kernel): what session k
+did to the kernel — its pid counter, its TCP/IP statistics — is not there for k+1
+(`test_each_session_gets_a_fresh_kernel`, issue 28 class 3).
+
+Opted in (`OciConfig(recycle=True)`, oci.Engine.recycle), a closed session's runsc
+sandbox is reset and handed to the next `open()`, so a judged attempt costs a warm run,
+not a cold start. What attempt k left — files in /workspace, /tmp and /dev/shm,
+processes, SysV and POSIX IPC objects, its environment — must be invisible to attempt
+k+1 in the same sandbox; limits still hold there; nothing is left after kill -9 of the
+supervisor."""
 
 from __future__ import annotations
 
@@ -70,9 +77,58 @@ print(json.dumps({"ipc": ipc(False), "procs": procs, "secret": os.environ.get("S
 
 @pytest.fixture(scope="module")
 def oci() -> Iterator[OciHarness]:
-    h = OciHarness(GVisorProvider(OciConfig(warm=1)))
+    h = OciHarness(GVisorProvider(OciConfig(warm=1, recycle=True)))
     yield h
     h.close()
+
+
+KERNEL_STATE = r"""
+import json, os, socket
+def tcp():
+    rows = [l.split() for l in open("/proc/net/snmp") if l.startswith("Tcp:")]
+    return dict(zip(rows[0][1:], map(int, rows[1][1:])))
+def lo():
+    return [int(x) for l in open("/proc/net/dev") if "lo:" in l
+            for x in l.split(":")[1].split()[:2]]
+seen = {"pid": os.getpid(), "tcp": tcp(), "lo": lo()}
+if os.environ.get("TRAFFIC"):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+    c = socket.create_connection(s.getsockname()); a, _ = s.accept()
+    c.sendall(b"x" * 4096); a.recv(8192)
+    for x in (a, c, s): x.close()
+    for _ in range(40):  # pids used
+        if os.fork() == 0:
+            os._exit(0)
+        os.wait()
+print(json.dumps(seen))
+"""
+
+
+def test_each_session_gets_a_fresh_kernel() -> None:
+    """Session 1 makes TCP traffic on loopback and forks 40 processes; session 2 (the
+    next `open()` of a default provider) starts at the same pid and reads zeroed TCP
+    and loopback counters: no gVisor kernel serves two sessions. On a recycled sandbox
+    it started at pid ~54 and read session 1's TCP counters."""
+    h = OciHarness(GVisorProvider(OciConfig(warm=1)))
+    try:
+        async def body() -> list[dict[str, object]]:
+            seen = []
+            for traffic in ("1", ""):
+                await h.provider.settle(30)
+                async with await h.provider.open(LIMITS) as sb:
+                    r = await sb.exec(["python3", "-c", KERNEL_STATE],
+                                      env={"TRAFFIC": traffic})
+                    assert r.status is ExecStatus.OK, describe(r)
+                    seen.append(json.loads(r.stdout))
+            return seen
+
+        first, second = h.run(body())
+    finally:
+        h.close()
+    assert second["pid"] == first["pid"], (first, second)
+    assert second["tcp"] == first["tcp"], (first, second)  # nothing of session 1's
+    assert second["lo"] == [0, 0], second
+    assert h.provider.recycled == 0
 
 
 def test_recycled_sandbox_shows_nothing_of_the_last_attempt(oci: OciHarness) -> None:
@@ -153,7 +209,7 @@ def test_nothing_left_after_kill_9_with_recycled_sessions(oci: OciHarness) -> No
         from trialbox.sandbox.gvisor import GVisorProvider
         from trialbox.sandbox.oci import OciConfig
         async def main():
-            p = GVisorProvider(OciConfig(warm=2))
+            p = GVisorProvider(OciConfig(warm=2, recycle=True))
             await p.start()
             await p.settle(30)
             async with await p.open() as a:

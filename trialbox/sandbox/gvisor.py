@@ -13,6 +13,11 @@ Process limits: this runsc version breaks when its host cgroup has a tight pids 
 inside a cgroup of ours with a generous pids backstop, and a run's process count is
 enforced inside the sandbox by RLIMIT_NPROC=Limits.pids (gVisor enforces it: fork
 fails with EAGAIN), set by the fork server for the run's uid.
+
+A session is a sandbox of its own: a closed session's sandbox is destroyed, and the next
+`open()` gets a fresh one started ahead (`OciConfig.warm`) — one gVisor kernel serving
+consecutive sessions would carry its clocks, TCP/IP statistics and pid counter from one
+to the next. `OciConfig(recycle=True)` reuses them where sessions are one trust domain.
 """
 
 from __future__ import annotations
@@ -84,10 +89,12 @@ class GVisorProvider(OciProvider):
     def __init__(self, config: OciConfig | None = None, platform: str = "ptrace",
                  runsc: str = RUNSC):
         self.platform = platform
+        config = config or OciConfig()
         super().__init__(Engine("runsc", runsc,
                                 (f"--platform={platform}", "--network=none",
                                  "--ignore-cgroups"),
-                                userns=False, join_cgroup=True, ctl_fd=0, recycle=True),
+                                userns=False, join_cgroup=True, ctl_fd=0,
+                                recycle=config.recycle),
                          config)
 
     def check(self) -> None:
