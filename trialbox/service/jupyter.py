@@ -12,22 +12,36 @@ Response (`RunJupyterResponse`):
      "error": [...]}], "executor_pod_name": null, "files": {...}}
 
 There is no Jupyter kernel: one sandbox session (a scheduler task's lease, like
-`/run_code`) runs a small driver (jupyter_driver.py) under the runtime's python3 that
-executes the cells in one namespace, as a kernel does — a cell's last expression is
-displayed as `{"text/plain": repr(value)}`, an exception is that cell's `error`
-(`ename`, `evalue`, `traceback`) and the next cell still runs. `cell_timeout` (0: none)
-interrupts a cell and stops the notebook there; `total_timeout` is the whole run's wall
-and CPU limit (the sandbox's, measured outside). `status` is `Success` when every cell
-ran (cells that raised included: their errors are the notebook's output), `Failed` when
-a cell or the whole run was stopped (time, memory), `SandboxError` when the machinery
-failed. What a cell writes to the process's fds directly (os.write, a subprocess) goes
-to `driver.stdout` / `driver.stderr`, not to the cell.
+`/run_code`) runs a small driver (jupyter_driver.py) under the runtime's python3. The
+driver runs no cell: it starts a kernel process that executes the cells in one
+namespace, as a kernel does — a cell's last expression is displayed as
+`{"text/plain": repr(value)}`, an exception is that cell's `error` (`ename`, `evalue`,
+`traceback`) and the next cell still runs — and hands it one cell at a time. The
+driver's records reach us on a socket (fd 3) the kernel does not hold and cannot open
+(the driver is undumpable), each cell's answer checked against a token the driver sent
+with that cell only. So a cell cannot make a cell the kernel never answered appear
+run: records written ahead, a kernel that exits or kills the driver stop the notebook
+there (`Failed`). `cell_timeout` (0: none) interrupts a cell and stops the notebook
+there (a kernel that ignores it is killed); `total_timeout` is the whole run's wall and
+CPU limit (the sandbox's, measured outside). `status` is `Success` when every cell was
+answered (cells that raised included: their errors are the notebook's output), `Failed`
+when a cell or the whole run was stopped (time, memory, the kernel ended), `SandboxError`
+when the machinery failed. What a cell writes to the process's fds directly (os.write, a
+subprocess) goes to `driver.stdout` / `driver.stderr`, not to the cell.
+
+**The cells' contents are the program's word** (the answer's `trust` field says so):
+what a cell printed, displayed or raised is what the kernel process reported, and an
+earlier cell can take over the kernel and report anything for later ones, as in any
+Jupyter kernel. Grade with `/v1/submissions` (the judge runs the tests outside the
+candidate), never with assertion cells appended to a notebook.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 from functools import cache
 from typing import Any, Literal
 
@@ -35,12 +49,13 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from trialbox.errors import UsageError
-from trialbox.sandbox.base import Sandbox
+from trialbox.sandbox.base import Sandbox, passes_fds
 from trialbox.service.admission import Ticket
 from trialbox.service.errors import FieldError
 from trialbox.service.execute import guarded, placed_twice
 from trialbox.service.fusion import command_result
 from trialbox.service.models import decode_b64, encode_b64
+from trialbox.service.names import read_named
 from trialbox.service.state import ServiceState
 from trialbox.types import ExecResult, ExecStatus
 
@@ -48,7 +63,14 @@ router = APIRouter(tags=["sandboxfusion"])
 
 DRIVER = ".jupyter/driver.py"
 CELLS = ".jupyter/cells.json"
-RESULTS = ".jupyter/cells.jsonl"
+CHANNEL_FD = 3
+"""The driver's records arrive on this fd of its (a socket whose other end is ours)."""
+MAX_CHANNEL = 64 << 20
+"""Bytes of records read from the driver; the rest is drained and dropped."""
+TRUST = ("the cells' stdout, stderr, display and error are the program's own report (its "
+         "kernel process): a cell can answer later cells itself. Grade with "
+         "POST /v1/submissions, never with test cells appended to a notebook")
+"""The answer's `trust` field."""
 
 
 @cache
@@ -71,16 +93,73 @@ class RunJupyterRequest(BaseModel):
     memory_limit_MB: int = Field(default=-1, description="MiB; -1: the server default")
 
 
-def _cells(raw: bytes) -> list[dict[str, Any]]:
-    cells = []
+def _records(raw: bytes, n: int) -> tuple[list[dict[str, Any]], str]:
+    """The driver's records, in order: (the cells the kernel answered, why the notebook
+    stopped early — "" when the driver said it was done with every cell answered).
+    Only a record for the next cell counts; anything after a gap is dropped."""
+    cells: list[dict[str, Any]] = []
+    done: int | None = None
+    lost = ""
     for line in raw.decode("utf-8", errors="replace").splitlines():
         try:
-            c = json.loads(line)
+            rec = json.loads(line)
         except ValueError:  # the last line of a driver killed while writing it
-            continue
-        if isinstance(c, dict):
-            cells.append(c)
-    return cells
+            break
+        if not isinstance(rec, dict):
+            break
+        if "done" in rec:
+            done = rec["done"]
+            break
+        if rec.get("cell") != len(cells):
+            break
+        if "lost" in rec:
+            lost = f"the kernel stopped answering at cell {len(cells)}: {rec['lost']}"
+            break
+        cells.append(rec)
+    if not lost and done is None:
+        lost = "the driver ended before it was done"
+    elif not lost and (done != len(cells) or (len(cells) < n and not (
+            cells and cells[-1].get("timed_out")))):
+        lost = "the driver's records do not add up"
+    return cells, lost
+
+
+async def _drain(sock: socket.socket) -> bytes:
+    """Everything the driver sends until its end closes (capped at MAX_CHANNEL)."""
+    loop = asyncio.get_running_loop()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await loop.sock_recv(sock, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        if size < MAX_CHANNEL:
+            chunks.append(chunk[:MAX_CHANNEL - size])
+        size += len(chunk)
+
+
+async def _run_driver(sb: Sandbox, cell_timeout: float, limits: Any,
+                      provider: Any) -> tuple[ExecResult, bytes]:
+    """Run the driver; its records from the socket on fd 3, or — where no fd can be
+    handed into the sandbox (a cluster node) — from its stdout."""
+    if not passes_fds(provider):
+        ran = await sb.exec(["python3", "-I", "-S", DRIVER, "driver", "1",
+                             repr(cell_timeout)], limits=limits)
+        return ran, ran.stdout
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    try:
+        reader = asyncio.ensure_future(_drain(ours))
+        try:
+            ran = await sb.exec(["python3", "-I", "-S", DRIVER, "driver", str(CHANNEL_FD),
+                                 repr(cell_timeout)], limits=limits,
+                                pass_fds={CHANNEL_FD: theirs.detach()})
+        finally:
+            raw = await reader
+    finally:
+        ours.close()
+        theirs.close()
+    return ran, raw
 
 
 @router.post("/run_jupyter")
@@ -106,60 +185,57 @@ async def run_jupyter(body: RunJupyterRequest, request: Request) -> dict[str, An
     state.require_provider()
     holder: list[Sandbox] = []
 
-    async def work(ticket: Ticket) -> tuple[ExecResult, list[dict[str, Any]],
-                                            dict[str, str]]:
+    async def work(ticket: Ticket) -> tuple[ExecResult, bytes, dict[str, str]]:
         ctx = ticket.ctx
 
-        async def attempt() -> tuple[ExecResult, list[dict[str, Any]], dict[str, str]]:
+        async def attempt() -> tuple[ExecResult, bytes, dict[str, str]]:
             async with ctx.lease(limits) as sb:
                 holder[:] = [sb]
                 for path, data in files.items():
                     await sb.write_file(path, data)
                 await sb.write_file(DRIVER, _driver_source())
                 await sb.write_file(CELLS, json.dumps(body.cells).encode())
-                ran = await sb.exec(["python3", DRIVER, CELLS, repr(body.cell_timeout)],
-                                    limits=limits)
-                try:
-                    cells = _cells(await sb.read_file(RESULTS))
-                except UsageError:
-                    cells = []
+                ran, raw = await _run_driver(sb, body.cell_timeout, limits,
+                                             state.provider)
                 fetched: dict[str, str] = {}
                 for path in body.fetch_files:
                     try:
-                        fetched[path] = encode_b64(await sb.read_file(path))
+                        fetched[path] = encode_b64(await read_named(sb, path))
                     except UsageError:
                         pass
                 await ctx.leaser.end(ctx.task_id)
-            return ran, cells, fetched
+            return ran, raw, fetched
 
         # a fresh session per notebook: placed again if its cluster node is lost
-        ran, cells, fetched = await placed_twice(state, "the notebook", attempt,
+        ran, raw, fetched = await placed_twice(state, "the notebook", attempt,
                                                  lambda: ctx.leaser.end(ctx.task_id))
         ctx.observe(ran)
         ticket.reward = 1.0 if ran.ok else 0.0
-        return ran, cells, fetched
+        return ran, raw, fetched
 
     async def stop() -> None:
         if holder:
             await holder[0].stop()
 
-    ran, cells, fetched = await guarded(state, request, work, stop, "the notebook",
-                                        kind="jupyter")
+    ran, raw, fetched = await guarded(state, request, work, stop, "the notebook",
+                                      kind="jupyter")
     state.counters.runs[ran.status.value] += 1
+    cells, lost = _records(raw, len(body.cells))
     timed_out = any(c.get("timed_out") for c in cells)
     if ran.status is ExecStatus.INFRA:
         status, message = "SandboxError", ("infrastructure failure (not the program's "
                                            f"fault; retry): {ran.message}")
     elif timed_out:
         status, message = "Failed", f"cell {len(cells) - 1} ran past cell_timeout"
-    elif not ran.ok or len(cells) < len(body.cells):
+    elif not ran.ok or lost or len(cells) < len(body.cells):
         status = "Failed"
+        why = ran.message or ran.status.value if not ran.ok else lost
         message = (f"the notebook was stopped after {len(cells)} of {len(body.cells)} "
-                   f"cells: {ran.message or ran.status.value}")
+                   f"cells: {why}")
     else:
         status, message = "Success", ""
     return {"status": status, "message": message, "driver": command_result(ran),
             "cells": [{"stdout": str(c.get("stdout", "")), "stderr": str(c.get("stderr", "")),
                        "display": list(c.get("display", [])),
                        "error": list(c.get("error", []))} for c in cells],
-            "executor_pod_name": None, "files": fetched}
+            "executor_pod_name": None, "files": fetched, "trust": TRUST}
