@@ -216,3 +216,30 @@ def test_failed_startup_is_a_clear_infra_exit() -> None:
     assert out.returncode == 3, out.stderr[-2000:]
     assert "needs root" in out.stderr and "did not start" in out.stderr
     assert "listening" not in out.stdout
+
+
+def test_names_the_server_answers_to(started: list[Server]) -> None:
+    """Without a token: the bound address, localhost, ::1 and the names given with
+    --allowed-host or TRIALBOX_ALLOWED_HOSTS (a reverse proxy's); a page of one of
+    them may POST. With a token, the token is the guard and any name is served (a
+    page cannot send it). Refusals: tests/adversarial/test_j_service.py."""
+    s = Server("--allowed-host", "proxy.example",
+               env={"TRIALBOX_ALLOWED_HOSTS": "ignored.example"})
+    e = Server(env={"TRIALBOX_ALLOWED_HOSTS": "a.example, b.example"})
+    t = Server(token="t0ken-456")
+    started += [s, e, t]
+    port = s.url.rsplit(":", 1)[1]
+    with s.client() as c:
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}",
+                     "proxy.example", "PROXY.example:443"):
+            assert c.get("/v1/status", headers={"Host": host}).status_code == 200, host
+        r = c.post("/v1/exec", json={"code": "print(1)"},
+                   headers={"Host": "proxy.example", "Origin": "https://proxy.example"})
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/status", headers={"Host": "ignored.example"}).status_code == 403
+    with e.client() as c:
+        assert c.get("/v1/status", headers={"Host": "b.example"}).status_code == 200
+    with t.client() as c:
+        r = c.post("/v1/exec", json={"code": "print(1)"},
+                   headers={"Host": "anything.example", "Origin": "http://other.example"})
+        assert r.status_code == 200, r.text

@@ -1,5 +1,6 @@
-"""The service's pieces on their own: admission queue, token bucket, session expiry,
-config checks, and the SandboxFusion status mapping for every ExecStatus."""
+"""The service's pieces on their own: admission queue, token bucket and its table,
+session expiry and the per-client cap, config checks, the Host/Origin rule, names that
+are not UTF-8, and the SandboxFusion status mapping for every ExecStatus."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from trialbox.errors import UsageError
 from trialbox.sandbox.fake import FakeProvider, FakeSandbox
 from trialbox.service.admission import Admission, Overloaded
-from trialbox.service.config import ServiceConfig, is_loopback
+from trialbox.service.config import ServiceConfig, host_name, is_loopback
 from trialbox.service.fusion import fusion_response
-from trialbox.service.guard import TokenBucket
+from trialbox.service.guard import RateLimiter, TokenBucket, client_key, refused_origin
+from trialbox.service.names import escaped, shown, workspace_names
 from trialbox.service.state import Sessions
 from trialbox.store.journal import Journal
 from trialbox.types import ExecResult, ExecStatus, Limits
@@ -119,6 +121,72 @@ def test_token_bucket() -> None:
     assert b.take() == 0
 
 
+def test_rate_limiter_table_is_bounded_without_resetting_anyone() -> None:
+    """10,001 newcomers neither clear a drained bucket nor get fresh ones: only
+    buckets back at their burst (no different from new ones) are dropped, and when
+    none is, newcomers share one overflow bucket."""
+    lim = RateLimiter(rate=0.001, burst=2, max_buckets=100)
+    assert lim.take("victim") == 0 and lim.take("victim") == 0 and lim.take("victim") > 0
+    waits = [lim.take(f"new-{i}") for i in range(10_001)]
+    assert len(lim.buckets) == 100 and "victim" in lim.buckets
+    assert lim.take("victim") > 0  # still drained
+    assert waits.count(0.0) < 100 + 2  # one bucket each while room lasts, then shared
+    fast = RateLimiter(rate=1e9, burst=1, max_buckets=2)
+    fast.take("a")
+    fast.take("b")
+    assert fast.take("c") == 0 and set(fast.buckets) == {"c"}  # refilled ones dropped
+
+
+def test_client_key_is_the_address_never_a_header() -> None:
+    assert client_key({"client": ("10.1.2.3", 5)}) == "10.1.2.3"
+    assert client_key({"client": ("::ffff:10.1.2.3", 5)}) == "10.1.2.3"
+    assert client_key({"client": ("2001:db8::1", 5)}) == client_key(
+        {"client": ("2001:db8::ffff:2", 5)}) == "2001:db8::/64"
+    assert client_key({}) == "?"
+
+
+@pytest.mark.parametrize(("host", "origin", "method", "refused"), [
+    ("127.0.0.1:8080", None, "POST", ""),
+    ("localhost:8080", "http://localhost:8080", "POST", ""),
+    ("[::1]:8080", "http://[::1]:8080", "DELETE", ""),
+    ("LOCALHOST.:8080", None, "GET", ""),
+    ("proxy.example", "https://proxy.example", "POST", ""),  # --allowed-host
+    ("attacker.example:8080", None, "GET", "host"),
+    ("127.0.0.1:8080", "http://attacker.example", "POST", "origin"),
+    ("127.0.0.1:8080", "null", "PUT", "origin"),
+    ("127.0.0.1:8080", "http://127.0.0.1:9999", "POST", "origin"),  # another local site
+    ("127.0.0.1:8080", "http://attacker.example", "GET", ""),  # reads: the browser's rule
+])
+def test_host_and_origin_rule(host: str, origin: str | None, method: str,
+                              refused: str) -> None:
+    config = ServiceConfig(allowed_hosts=("proxy.example",))
+    headers = {"host": host, **({"origin": origin} if origin else {})}
+    kind, why = refused_origin(config, headers, method)
+    assert kind == refused, why
+    assert host_name("[::1]:80") == "::1" and host_name("Example.COM.") == "example.com"
+
+
+def test_names_that_are_not_utf8() -> None:
+    name = b"d/bad-\xff\xfe.txt".decode("utf-8", "surrogateescape")
+    assert shown(name) == "d/bad-\\xff\\xfe.txt" and shown("plain é.txt") == "plain é.txt"
+    assert escaped(name) == {"name": shown(name), "name_b64": "ZC9iYWQt//4udHh0"}
+    assert escaped("plain.txt") is None
+    assert workspace_names(shown(name)) == [shown(name), name]
+    assert workspace_names("a\\x41.txt") == ["a\\x41.txt"]  # ASCII is never escaped
+
+
+def test_sessions_are_capped_per_client() -> None:
+    sessions = Sessions(limit=4, idle_s=60, per_client=2)
+    sessions.add(FakeSandbox(), Limits(), owner="a")
+    with sessions.opening("a"):
+        assert sessions.held("a") == 2 and sessions.held("b") == 0
+    assert sessions.held("a") == 1 and not sessions.full()
+    assert ServiceConfig().sessions_per_client == 128
+    assert ServiceConfig(max_sessions=1).sessions_per_client == 1
+    with pytest.raises(UsageError, match="max_sessions_per_client"):
+        ServiceConfig(max_sessions=4, max_sessions_per_client=5)
+
+
 def test_idle_sessions_expire_busy_ones_do_not() -> None:
     async def body() -> None:
         sessions = Sessions(limit=2, idle_s=0.05)
@@ -143,7 +211,8 @@ def test_config_checks() -> None:
         ServiceConfig(host="10.0.0.1")
     ServiceConfig(host="10.0.0.1", token="x" * 16)
     for bad in ({"port": 70000}, {"max_running": 0}, {"deadline_s": -1}, {"token": " "},
-                {"rate_per_s": float("nan")}):
+                {"rate_per_s": float("nan")}, {"read_timeout_s": 0},
+                {"allowed_hosts": ("a.example, b.example",)}):
         with pytest.raises(UsageError):
             ServiceConfig(**bad)  # type: ignore[arg-type]
 

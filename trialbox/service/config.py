@@ -56,6 +56,17 @@ class ServiceConfig:
     past it the run is stopped and the answer is 504."""
     max_sessions: int = 256
     """Open `/v1/sessions` at once; more are refused with 503."""
+    max_sessions_per_client: int | None = None
+    """Open `/v1/sessions` one client may hold (client: its address, an IPv6 one by its
+    /64); more are refused with 429. None: half of `max_sessions` (at least 1)."""
+    read_timeout_s: float = 15.0
+    """Seconds a client may take to send a request's headers, and between two pieces of
+    its body: past it the connection is closed (headers) or answered 408 (body)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names besides the bound address, `localhost`, 127.0.0.1 and ::1 that a request's
+    `Host` (and a state-changing request's `Origin`) may name when no token is set — a
+    reverse proxy's name. Without a token, any other name is refused (403): a web page
+    that rebinds its own name to 127.0.0.1 cannot use the server."""
     session_idle_s: float = 600.0
     """A session unused this long is closed by the server."""
     warm: int = 4
@@ -90,13 +101,23 @@ class ServiceConfig:
             raise UsageError(f"ServiceConfig.port={self.port} is not a TCP port (0-65535)")
         positive = ("max_body_bytes", "rate_per_s", "rate_burst", "max_running",
                     "queue_wait_s", "deadline_s", "max_sessions", "session_idle_s",
-                    "keep_submissions")
+                    "keep_submissions", "read_timeout_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UsageError(f"ServiceConfig.{name} must be > 0, got "
                                  f"{getattr(self, name)!r}")
         if self.max_queued < 0 or self.warm < 0:
             raise UsageError("ServiceConfig.max_queued and warm must be >= 0")
+        per = self.max_sessions_per_client
+        if per is not None and (isinstance(per, bool) or not isinstance(per, int)
+                                or not 1 <= per <= self.max_sessions):
+            raise UsageError(f"ServiceConfig.max_sessions_per_client={per!r} must be a "
+                             f"whole number from 1 to max_sessions ({self.max_sessions}), "
+                             "or None (half of max_sessions)")
+        for name in self.allowed_hosts:
+            if not isinstance(name, str) or not name or any(c in name for c in "/ ,"):
+                raise UsageError(f"ServiceConfig.allowed_hosts: {name!r} is not a host "
+                                 "name; give bare names such as 'trialbox.internal'")
         if self.tier not in TIERS:
             raise UsageError(f"ServiceConfig.tier={self.tier!r}: use one of "
                              f"{', '.join(TIERS)}")
@@ -107,3 +128,32 @@ class ServiceConfig:
                 f"refusing to serve on {self.host!r} without a token: anyone who can reach "
                 "it could run code here. Pass --token (or TRIALBOX_TOKEN), or bind "
                 "127.0.0.1")
+
+    @property
+    def sessions_per_client(self) -> int:
+        """The per-client session cap in force (`max_sessions_per_client` or its default)."""
+        if self.max_sessions_per_client is not None:
+            return self.max_sessions_per_client
+        return max(1, self.max_sessions // 2)
+
+    @property
+    def host_names(self) -> frozenset[str]:
+        """The names a request's `Host` may give (lower case, IPv6 without brackets)
+        when no token is set."""
+        return frozenset(host_name(n) for n in (self.host, "localhost", "127.0.0.1", "::1",
+                                                *self.allowed_hosts))
+
+
+def host_name(value: str) -> str:
+    """The name in a `Host` value or an address, as compared: lower case, without the
+    port, an IPv6 address without brackets, no trailing dot.
+
+    >>> host_name("LocalHost:8080"), host_name("[::1]:80"), host_name("::1")
+    ('localhost', '::1', '::1')
+    """
+    value = value.strip().lower()
+    if value.startswith("["):
+        value = value[1:].partition("]")[0]
+    elif value.count(":") == 1:
+        value = value.partition(":")[0]
+    return value.rstrip(".")

@@ -12,8 +12,12 @@
 | `Overloaded`                   | 503    | `overloaded`  | `Retry-After`                  |
 | `InfraError`                   | 503    | `infra`       | `Retry-After`; never a verdict |
 | `DeadlineExpired`              | 504    | `deadline`    | the run was stopped            |
+| `ClientLimit`                  | 429    | `client_limit`| `Retry-After`; per-client cap  |
+| (guard) Host not this server's | 403    | `host_not_allowed` | no token set              |
+| (guard) Origin another site's  | 403    | `origin_not_allowed` | POST/PUT/DELETE, no token |
 | (guard) no/bad token           | 401    | `auth`        | `WWW-Authenticate: Bearer`     |
-| (guard) body too large         | 413    | `too_large`   |                                |
+| (guard) body too large         | 413    | `too_large`   | before it is read; then closed |
+| (guard) body stalled           | 408    | (`detail`)    | `read_timeout_s` between pieces |
 | (guard) rate limit             | 429    | `rate_limited`| `Retry-After`                  |
 """
 
@@ -36,6 +40,15 @@ class NotFound(UsageError):
 
 class DeadlineExpired(Unavailable):
     """The request's deadline passed; whatever it ran has been stopped."""
+
+
+class ClientLimit(UsageError):
+    """This client holds as much of something as one client may (sessions); others
+    still can. `retry_after` in seconds."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class FieldError(UsageError):
@@ -95,6 +108,9 @@ async def _usage(request: Request, exc: Exception) -> JSONResponse:
         return error_response(404, "not_found", str(exc))
     if isinstance(exc, UnknownLanguage):
         return error_response(400, "bad_language", str(exc), "language")
+    if isinstance(exc, ClientLimit):
+        return error_response(429, "client_limit", str(exc),
+                              headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, FieldError):
         return error_response(422, "invalid", f"{exc.field}: {exc}", exc.field)
     return error_response(400, "usage", str(exc))

@@ -1,31 +1,43 @@
 """`Guard`: the ASGI middleware every request passes first.
 
-In order: count the request; the bearer token (when configured; `/healthz`, `/readyz`
-and `ServiceState.open_paths` are exempt); the body size (Content-Length checked before
-anything is read, a chunked body counted as it arrives); the per-client token bucket;
-then the request's deadline is fixed (`X-Deadline-S`, capped by the config) and put
-in `request.state.deadline` (a `time.monotonic()` instant) for handlers, which stop
-their sandbox runs at it and answer 504. As a backstop, a handler still running
-`BACKSTOP_S` after its deadline is cancelled here and answered 504.
+In order: count the request; without a token, the `Host` (and, on a state-changing
+request, the `Origin`) must name this server (`ServiceConfig.host_names`: the bound
+address, localhost, 127.0.0.1, ::1, `allowed_hosts`) — a web page whose name was
+rebound to 127.0.0.1 gets 403 (with a token the token is the guard: such a page cannot
+send it); the bearer token (when configured; `/healthz`, `/readyz` and
+`ServiceState.open_paths` are exempt); the body size (Content-Length checked before
+anything is read and answered 413 at once, the connection then closed; a chunked body
+counted as it arrives); the per-client token bucket (client: its address, an IPv6 one
+by its /64 — never a header the client chooses); then the request's deadline is fixed
+(`X-Deadline-S`, capped by the config) and put in `request.state.deadline` (a
+`time.monotonic()` instant) for handlers, which stop their sandbox runs at it and answer
+504, and the client in `request.state.client`. A body that stalls for
+`read_timeout_s` between two pieces is answered 408 (slow headers: connection.py). As a
+backstop, a handler still running `BACKSTOP_S` after its deadline is cancelled here and
+answered 504.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import math
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trialbox.service.config import host_name
 from trialbox.service.state import ServiceState
 
 BACKSTOP_S = 5.0
 OPEN_PATHS = ("/healthz", "/readyz")
 MAX_BUCKETS = 10_000
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 class TokenBucket:
@@ -57,10 +69,95 @@ async def send_json(send: Send, status: int, body: dict[str, Any],
     await send({"type": "http.response.body", "body": data})
 
 
+class RateLimiter:
+    """One `TokenBucket` per client key, at most `MAX_BUCKETS` of them.
+
+    When the table is full, only buckets that have refilled to their burst are dropped —
+    a dropped bucket is exactly a new one, so dropping it gives no one anything. When
+    none has (more than MAX_BUCKETS clients busy at once), newcomers share one overflow
+    bucket: a flood of new clients can neither reset anyone's bucket nor get fresh ones."""
+
+    def __init__(self, rate: float, burst: float, max_buckets: int = MAX_BUCKETS):
+        self.rate, self.burst, self.max_buckets = rate, burst, max_buckets
+        self.buckets: dict[str, TokenBucket] = {}
+        self.overflow = TokenBucket(rate, burst)
+
+    def take(self, key: str) -> float:
+        """0.0 when `key` may go on; otherwise seconds until it may."""
+        bucket = self.buckets.get(key)
+        if bucket is None:
+            if len(self.buckets) >= self.max_buckets:
+                self._drop_full()
+            if len(self.buckets) >= self.max_buckets:
+                return self.overflow.take()
+            bucket = self.buckets[key] = TokenBucket(self.rate, self.burst)
+        return bucket.take()
+
+    def _drop_full(self) -> None:
+        now = time.monotonic()
+        full = [k for k, b in self.buckets.items()
+                if b.tokens + (now - b.at) * b.rate >= b.burst]
+        for k in full:
+            del self.buckets[k]
+
+
+def client_key(scope: Scope) -> str:
+    """Who a request is from, for limits: its address (an IPv4-mapped IPv6 address as
+    IPv4, any other IPv6 address by its /64: one host holds a whole /64)."""
+    client = scope.get("client")
+    if not client:
+        return "?"
+    try:
+        addr = ipaddress.ip_address(client[0])
+    except ValueError:  # a unix socket's path, or a name
+        return str(client[0])
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, 64), strict=False))
+    return str(addr)
+
+
+def _port(netloc: str, scheme: str) -> str:
+    """The port of a `host[:port]` value, or the scheme's default."""
+    rest = netloc.rpartition("]")[2] if netloc.startswith("[") else netloc
+    _, colon, port = rest.partition(":")
+    return port if colon and port else ("443" if scheme == "https" else "80")
+
+
+def refused_origin(config: Any, headers: dict[str, str], method: str) -> tuple[str, str]:
+    """("host" | "origin", message) when, without a token, the request's `Host` does not
+    name this server, or a state-changing request's `Origin` is another site; ("", "")
+    when it may go on."""
+    names = config.host_names
+    shown = ", ".join(sorted(names))
+    host = headers.get("host")
+    if host is not None and host_name(host) not in names:
+        return "host", (f"Host {host!r} is not a name this server answers to without a "
+                        f"token ({shown}): reach it by one of those, add the name with "
+                        "--allowed-host NAME (TRIALBOX_ALLOWED_HOSTS), or start the "
+                        "server with --token")
+    origin = headers.get("origin")
+    if origin is None or method in SAFE_METHODS:
+        return "", ""
+    parts = urlsplit(origin) if origin != "null" else None
+    if parts is not None and parts.netloc:
+        name = host_name(parts.netloc)
+        configured = {host_name(n) for n in config.allowed_hosts}
+        same_port = _port(parts.netloc, parts.scheme) == _port(host or "", "http")
+        if name in configured or (name in names and same_port):
+            return "", ""
+    return "origin", (f"a {method} from a page of {origin!r} is refused: without a token "
+                      "only pages of this server may change anything. Send it without an "
+                      "Origin header (any HTTP client does), from this server's own pages, "
+                      "add the page's host with --allowed-host NAME, or start the server "
+                      "with --token")
+
+
 class Guard:
     def __init__(self, app: ASGIApp, state: ServiceState):
         self.app, self.state = app, state
-        self.buckets: dict[str, TokenBucket] = {}
+        self.limiter = RateLimiter(state.config.rate_per_s, state.config.rate_burst)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -83,6 +180,14 @@ class Guard:
         path: str = scope.get("path", "")
         exempt = path in OPEN_PATHS or any(path.startswith(p) for p in state.open_paths)
 
+        if not config.token:
+            kind, why = refused_origin(config, headers, scope.get("method", "GET"))
+            if kind:
+                counters.rejected[kind] += 1
+                await send_json(counted_send, 403, {"error": f"{kind}_not_allowed",
+                                                    "message": why})
+                return
+
         if config.token and not exempt:
             given = headers.get("authorization", "")
             scheme, _, value = given.partition(" ")
@@ -101,20 +206,14 @@ class Guard:
             counters.rejected["size"] += 1
             await send_json(counted_send, 413, {
                 "error": "too_large", "message": f"request body of {length} bytes is over "
-                f"the limit of {limit} bytes; send less (e.g. fewer or smaller files)"})
+                f"the limit of {limit} bytes; send less (e.g. fewer or smaller files)"},
+                {"Connection": "close"})  # the body is never read
             return
 
-        client = scope.get("client")
-        key = (headers.get("authorization", "") + "|" + (client[0] if client else "?"))
+        key = client_key(scope)
         wait = 0.0
         if not exempt:  # probes and open pages neither pay nor are limited
-            bucket = self.buckets.get(key)
-            if bucket is None:
-                if len(self.buckets) >= MAX_BUCKETS:
-                    self.buckets.clear()  # a flood of distinct clients: start afresh
-                bucket = self.buckets[key] = TokenBucket(config.rate_per_s,
-                                                         config.rate_burst)
-            wait = bucket.take()
+            wait = self.limiter.take(key)
         if wait > 0:
             counters.rejected["rate"] += 1
             await send_json(counted_send, 429, {
@@ -138,12 +237,24 @@ class Guard:
                 return
             deadline_s = min(deadline_s, value)
         scope.setdefault("state", {})["deadline"] = time.monotonic() + deadline_s
+        scope["state"]["client"] = key
 
         seen = 0
+        body_done = False
 
         async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:  # after the body: waiting for a disconnect is no slow client
+                return await receive()
+            try:
+                async with asyncio.timeout(config.read_timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                counters.rejected["slow"] += 1
+                raise HTTPException(408, f"the request body stalled for more than "
+                                    f"{config.read_timeout_s:g} s; send it without pauses",
+                                    headers={"Connection": "close"}) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body")
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:

@@ -48,6 +48,18 @@ def add_parser(sub: Any) -> None:
                    help=f"per-client burst (default {d.rate_burst})")
     p.add_argument("--max-body-mb", type=float, default=d.max_body_bytes / (1 << 20),
                    help=f"largest request body, MiB (default {d.max_body_bytes >> 20})")
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions,
+                   help=f"open /v1/sessions at once (default {d.max_sessions})")
+    p.add_argument("--max-sessions-per-client", type=int, default=None,
+                   help="open /v1/sessions one client (address) may hold (default: half "
+                   "of --max-sessions)")
+    p.add_argument("--read-timeout-s", type=float, default=d.read_timeout_s,
+                   help="seconds a client may take to send a request's headers, or pause "
+                   f"in its body (default {d.read_timeout_s:g})")
+    p.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                   help="a name the server also answers to without a token (a reverse "
+                   "proxy's), besides the bound address, localhost, 127.0.0.1 and ::1; "
+                   "repeat for more (default: $TRIALBOX_ALLOWED_HOSTS, comma-separated)")
     p.add_argument("--warm", type=int, default=d.warm,
                    help=f"sandbox cells kept warm (default {d.warm}; --backend ray: in each "
                    "node's pool)")
@@ -72,7 +84,13 @@ def add_parser(sub: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> ServiceConfig:
     d_max = ServiceConfig().max_limits
     token = args.token if args.token is not None else os.environ.get("TRIALBOX_TOKEN")
+    hosts = args.allowed_host if args.allowed_host is not None else [
+        n.strip() for n in os.environ.get("TRIALBOX_ALLOWED_HOSTS", "").split(",")
+        if n.strip()]
     return ServiceConfig(host=args.host, port=args.port, token=token or None,
+                         max_sessions=args.max_sessions,
+                         max_sessions_per_client=args.max_sessions_per_client,
+                         read_timeout_s=args.read_timeout_s, allowed_hosts=tuple(hosts),
                          max_running=args.max_running, max_queued=args.max_queued,
                          deadline_s=args.deadline_s, rate_per_s=args.rate,
                          rate_burst=args.burst, max_body_bytes=int(args.max_body_mb * (1 << 20)),
@@ -124,6 +142,7 @@ async def _serve(config: ServiceConfig, log_level: str, provider: Any = None,
     import uvicorn
 
     from trialbox.service.app import create_app
+    from trialbox.service.connection import header_deadline
     from trialbox.telemetry.logs import setup_logging
     # Our own log records as JSON lines with the current trace id (uvicorn's access log
     # keeps its format): one run leads from the dashboard to its trace to its lines.
@@ -133,6 +152,7 @@ async def _serve(config: ServiceConfig, log_level: str, provider: Any = None,
     server = uvicorn.Server(uvicorn.Config(create_app(config, provider=provider,
                                                       grader=grader),
                                            log_level=log_level,
+                                           http=header_deadline(config.read_timeout_s),
                                            timeout_graceful_shutdown=10,
                                            timeout_keep_alive=30))
 

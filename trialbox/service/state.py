@@ -7,10 +7,12 @@ to be. Readers (the dashboard, /metrics) only read attributes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import secrets
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,8 +36,8 @@ class Counters:
     grades: Counter[str] = field(default_factory=Counter)
     """Graded submissions by `Outcome` value (`passed`, `failed`, `infra`…)."""
     rejected: Counter[str] = field(default_factory=Counter)
-    """Requests refused before any work, by reason: `auth`, `size`, `rate`, `overload`,
-    `sessions`."""
+    """Requests refused before any work, by reason: `host`, `origin`, `auth`, `size`,
+    `rate`, `slow`, `overload`, `sessions`, `client_sessions`."""
     deadline_expired: int = 0
     """Requests answered 504 because their deadline passed (their runs were stopped)."""
     sessions_opened: int = 0
@@ -58,6 +60,8 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Runs, uploads and downloads of one session are sequential."""
     runs: int = 0
+    owner: str = ""
+    """The client that opened it (guard.client_key): what the per-client cap counts."""
     lost: str = ""
     """Set when the cluster node holding the sandbox was lost (--backend ray): every
     later call answers this (503 `infra`); only closing it is left."""
@@ -66,20 +70,40 @@ class Session:
 class Sessions:
     """The open sessions of this server, closed when idle too long or at shutdown."""
 
-    def __init__(self, limit: int, idle_s: float):
+    def __init__(self, limit: int, idle_s: float, per_client: int | None = None):
         self.limit, self.idle_s = limit, idle_s
+        self.per_client = per_client if per_client is not None else limit
+        """Sessions one client may hold, those being opened included."""
         self._by_id: dict[str, Session] = {}
+        self._opening: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def add(self, sandbox: Sandbox, limits: Limits) -> Session:
-        session = Session(id="s-" + secrets.token_hex(8), sandbox=sandbox, limits=limits)
+    def add(self, sandbox: Sandbox, limits: Limits, owner: str = "") -> Session:
+        session = Session(id="s-" + secrets.token_hex(8), sandbox=sandbox, limits=limits,
+                          owner=owner)
         self._by_id[session.id] = session
         return session
 
     def full(self) -> bool:
-        return len(self._by_id) >= self.limit
+        return len(self._by_id) + sum(self._opening.values()) >= self.limit
+
+    def held(self, owner: str) -> int:
+        """Sessions `owner` holds or is opening."""
+        return (sum(1 for s in self._by_id.values() if s.owner == owner)
+                + self._opening[owner])
+
+    @contextlib.contextmanager
+    def opening(self, owner: str) -> Iterator[None]:
+        """Count a session being opened against the caps until it is added (or not)."""
+        self._opening[owner] += 1
+        try:
+            yield
+        finally:
+            self._opening[owner] -= 1
+            if not self._opening[owner]:
+                del self._opening[owner]
 
     def get(self, sid: str) -> Session:
         session = self._by_id.get(sid)
@@ -201,7 +225,8 @@ class ServiceState:
                    admission=Admission(config.max_running, config.max_queued,
                                        config.queue_wait_s, config.max_limits,
                                        config.journal),
-                   sessions=Sessions(config.max_sessions, config.session_idle_s),
+                   sessions=Sessions(config.max_sessions, config.session_idle_s,
+                                     config.sessions_per_client),
                    submissions=_submission_log(config))
 
     @property

@@ -43,7 +43,7 @@ from trialbox.sandbox.base import Sandbox
 from trialbox.sandbox.languages import language as language_spec
 from trialbox.sandbox.languages import run_code
 from trialbox.service.admission import Ticket
-from trialbox.service.errors import DeadlineExpired, FieldError, NotFound
+from trialbox.service.errors import ClientLimit, DeadlineExpired, FieldError, NotFound
 from trialbox.service.execute import deadline_of, guarded, placed_twice
 from trialbox.service.models import (
     BatchIn,
@@ -58,6 +58,7 @@ from trialbox.service.models import (
     encode_b64,
     resolve_limits,
 )
+from trialbox.service.names import escaped, read_named, shown
 from trialbox.service.state import ServiceState, Session
 from trialbox.types import ExecResult, Grade, Limits, Task, TaskKind
 
@@ -87,6 +88,14 @@ def offer(state: ServiceState) -> list[str] | None:
     # no live node to ask: any declared language passes this check and the placement
     # answers 503 (infrastructure): a missing node is never the caller's error
     return sorted(LANGUAGES) if got is None else list(got)
+
+
+def client_of(request: Request) -> str:
+    """The client the Guard keyed the request on (guard.client_key)."""
+    key = getattr(request.state, "client", None)
+    if key is None:  # not behind Guard (a bare app in a unit test)
+        return request.client.host if request.client else "?"
+    return str(key)
 
 
 def _session(state: ServiceState, sid: str) -> Session:
@@ -128,17 +137,26 @@ async def open_session(body: SessionIn, request: Request) -> dict[str, Any]:
     idle for the server's `session_idle_s`)."""
     state = _state(request)
     limits = resolve_limits(body.limits, state.config)
-    if state.sessions.full():
+    owner = client_of(request)
+    sessions = state.sessions
+    if sessions.held(owner) >= sessions.per_client:
+        state.counters.rejected["client_sessions"] += 1
+        raise ClientLimit(f"this client ({owner}) holds {sessions.held(owner)} sessions, "
+                          f"the most one client may (of the server's {sessions.limit}); "
+                          "close some (DELETE /v1/sessions/{id}) first", 5)
+    if sessions.full():
         state.counters.rejected["sessions"] += 1
         from trialbox.service.admission import Overloaded
-        raise Overloaded(f"{len(state.sessions)} sessions are open, the server's limit; "
+        raise Overloaded(f"{len(sessions)} sessions are open, the server's limit; "
                          "close some (DELETE /v1/sessions/{id}) or retry later", 5)
     # A session outlives any one request: its sandbox is opened from the provider
     # directly, parked between runs; each run takes a scheduler slot (_in_session).
     # Nothing is in it yet: a cluster node lost while opening it costs one more try.
     provider = state.require_provider()
-    sb = await placed_twice(state, "opening the session", lambda: provider.open(limits))
-    session = state.sessions.add(sb, limits)
+    with sessions.opening(owner):
+        sb = await placed_twice(state, "opening the session",
+                                lambda: provider.open(limits))
+    session = sessions.add(sb, limits, owner)
     state.counters.sessions_opened += 1
     return {"session_id": session.id, "limits": asdict(limits)}
 
@@ -150,9 +168,12 @@ async def get_session(sid: str, request: Request) -> dict[str, Any]:
     # Read-only: no need to wait for a run. The workspace is the candidate's: too many
     # files or directories too deep to list is said in `files_error`, not a failure.
     files: list[str] | None = None
+    escapes: list[dict[str, str]] = []
     files_error = ""
     try:
-        files = [_shown(name) for name in await session.sandbox.list_files()]
+        names = await session.sandbox.list_files()
+        files = [shown(name) for name in names]
+        escapes = [e for e in map(escaped, names) if e is not None]
     except UsageError as e:
         files_error = str(e)
     except NodeLost as e:
@@ -163,19 +184,11 @@ async def get_session(sid: str, request: Request) -> dict[str, Any]:
     node = getattr(session.sandbox, "node", None)
     if node is not None:  # --backend ray: the cluster node holding it
         out["node"] = node
+    if escapes:  # names that are not UTF-8, shown escaped in `files` (names.py)
+        out["files_escaped"] = escapes
     if files_error:
         out["files_error"] = files_error
     return out
-
-
-def _shown(name: str) -> str:
-    """A workspace name as JSON can carry it: bytes that are not UTF-8 (the candidate
-    may name files anything) as backslash escapes, e.g. 'a\\xff.txt'."""
-    try:
-        name.encode("utf-8")
-        return name
-    except UnicodeEncodeError:
-        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 @router.delete("/sessions/{sid}")
@@ -265,7 +278,7 @@ async def download(sid: str, path: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     session = _session(state, sid)
     try:  # read-only: no need to wait for a run (a file being written reads as it is)
-        data = await session.sandbox.read_file(path)
+        data = await read_named(session.sandbox, path)  # the escaped form too
     except UsageError as e:
         raise NotFound(str(e)) from None
     except NodeLost as e:
@@ -303,7 +316,7 @@ async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
                 fetched: dict[str, str | None] = {}
                 for path in body.fetch_files:
                     try:
-                        fetched[path] = encode_b64(await sb.read_file(path))
+                        fetched[path] = encode_b64(await read_named(sb, path))
                     except UsageError:
                         fetched[path] = None
                 await ctx.leaser.end(ctx.task_id)
