@@ -42,6 +42,7 @@ import asyncio
 import json
 import os
 import socket
+from dataclasses import replace
 from functools import cache
 from typing import Any, Literal
 
@@ -145,7 +146,7 @@ async def _run_driver(sb: Sandbox, cell_timeout: float, limits: Any,
     if not passes_fds(provider):
         ran = await sb.exec(["python3", "-I", "-S", DRIVER, "driver", "1",
                              repr(cell_timeout)], limits=limits)
-        return ran, ran.stdout
+        return replace(ran, stdout=b""), ran.stdout  # the cells' own: driver.stderr
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     try:
