@@ -23,7 +23,10 @@ import textwrap
 import time
 
 from tests.conftest import load_scaled
+from tests.sandbox import conftest as sandbox_suite
 
+runner = sandbox_suite.runner  # fixtures: the class 1 tests run on both cell paths
+run_one = sandbox_suite.run_one
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # ------------------------------------------------ class 2: a host uid per session, node-wide
@@ -132,3 +135,299 @@ def test_a_killed_pool_process_gives_its_uids_back(tmp_path):
         assert grid <= uids_c[0] < grid + BLOCK, (uids_a, uids_c)
     finally:
         _end(c)
+
+
+# ------------------------------------------- class 1: the runtime's inodes are the cell's
+
+RUNTIME_PATHS = ["/usr/bin/true", "/etc/hostname", "/dev/null", "/proc/self/exe"]
+"""One of each kind a cell sees: the runtime (/usr), the pool's root template, a device
+node, and the interpreter every Python candidate runs in."""
+
+
+def _host_paths(runner):
+    """What each of RUNTIME_PATHS was on the host before the fix (its own inode)."""
+    pool = runner.pool
+    return ["/usr/bin/true", os.path.join(pool.root, "etc/hostname"), "/dev/null",
+            os.path.realpath(pool.runtime.python)]
+
+
+async def _while_held(runner, code, during):
+    """Run `code` in a session; once it writes a byte on fd 3 (its set-up is done), run
+    `during()` (the host and a sibling session acting), then answer so it finishes."""
+    import asyncio
+    import socket
+
+    from tests.sandbox.conftest import limits
+    from trialbox.sandbox import NamespaceSandbox
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    loop = asyncio.get_running_loop()
+    async with await NamespaceSandbox.open(runner.pool, limits(wall_s=load_scaled(20))) as sb:
+        task = asyncio.ensure_future(
+            sb.exec(["python3", "-c", code], pass_fds={3: theirs.fileno()}))
+        theirs.detach()  # the sandbox owns it now
+        try:
+            ready = await asyncio.wait_for(loop.sock_recv(ours, 1), load_scaled(15))
+            assert ready == b"r", (await task).stderr
+            seen = await during()
+            await loop.sock_sendall(ours, b"g")
+        finally:
+            result = await task
+            ours.close()
+    return result, seen
+
+
+async def _sibling(runner, code):
+    from tests.sandbox.conftest import limits
+    from trialbox.sandbox import NamespaceSandbox, run_code
+    async with await NamespaceSandbox.open(runner.pool, limits()) as sb:
+        return await run_code(sb, code)
+
+
+WATCHER = """
+import ctypes, json, os, struct
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init1(os.O_NONBLOCK)
+wds = {}
+for p in %r:
+    wd = libc.inotify_add_watch(fd, p.encode(), 0x1 | 0x2 | 0x20)  # ACCESS|MODIFY|OPEN
+    assert wd >= 0, (p, os.strerror(ctypes.get_errno()))
+    wds[wd] = p
+own = os.open('mine.txt', os.O_CREAT | os.O_WRONLY)
+wds[libc.inotify_add_watch(fd, b'mine.txt', 0x2)] = 'mine.txt'
+os.write(3, b'r')
+os.read(3, 1)
+os.write(own, b'x')  # its own file: the watch works
+seen, buf = dict.fromkeys(wds.values(), 0), b''
+try:
+    while True:
+        buf += os.read(fd, 65536)
+except BlockingIOError:
+    pass
+i = 0
+while i < len(buf):
+    wd, mask, cookie, n = struct.unpack_from('iIII', buf, i)
+    i += 16 + n
+    seen[wds.get(wd, 'overflow')] = seen.get(wds.get(wd, 'overflow'), 0) + 1
+print(json.dumps(seen))
+""" % (RUNTIME_PATHS,)
+
+
+def test_inotify_on_the_runtime_sees_neither_the_host_nor_other_sessions(runner):
+    """A watch on /usr/bin/true, /etc/hostname, /dev/null and /proc/self/exe while the
+    host and a sibling session open, read, write and exec them: no event (before: every
+    one of them, a live list of what others run). A watch on its own file still works."""
+    def host_acts():
+        with open("/usr/bin/true", "rb") as f:
+            f.read(64)
+        subprocess.run(["/usr/bin/true"], check=True)
+        with open(os.path.join(runner.pool.root, "etc/hostname")) as f:
+            f.read()
+        with open("/dev/null", "w") as f:
+            f.write("x")
+        subprocess.run([os.path.realpath(runner.pool.runtime.python), "-I", "-c", "pass"],
+                       check=True)
+
+    async def during():
+        host_acts()
+        return await _sibling(runner, "for p in %r:\n"
+                                      "    open(p, 'rb').read(64)\n"
+                                      "open('/dev/null', 'w').write('x')\n"
+                                      % (RUNTIME_PATHS,))
+    r, sibling = runner.run(_while_held(runner, WATCHER, during))
+    assert sibling.status.value == "ok", sibling.stderr
+    assert r.status.value == "ok", r.stderr[-2000:]
+    seen = json.loads(r.stdout)
+    assert seen.pop("mine.txt") >= 1, seen
+    assert seen == dict.fromkeys(RUNTIME_PATHS, 0), seen
+
+
+LOCKER = """
+import fcntl, os, struct
+held = []
+for p in %r:
+    fd = os.open(p, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ofd = os.open(p, os.O_RDONLY)
+    fcntl.fcntl(ofd, 37, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))  # F_OFD_SETLK
+    held += [fd, ofd]
+os.write(3, b'r')
+os.read(3, 1)
+print(len(held))
+""" % (RUNTIME_PATHS,)
+
+PROBE = """
+import fcntl, json, os, struct
+def probe(paths):
+    out = {}
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fl = 'free'
+        except BlockingIOError:
+            fl = 'held'
+        r = fcntl.fcntl(fd, 36, struct.pack('hhqqi4x', fcntl.F_WRLCK, 0, 0, 0, 0))
+        ofd = 'free' if struct.unpack('hhqqi4x', r)[0] == fcntl.F_UNLCK else 'held'
+        os.close(fd)
+        out[p] = [fl, ofd]
+    return out
+"""
+
+
+def test_flock_and_ofd_locks_on_the_runtime_reach_no_one(runner):
+    """One session holds flock and OFD locks on the runtime's files; a concurrent
+    session and the host find every one of them free (before: held — a covert channel
+    between sessions, and a way to block host tools that lock those files)."""
+    async def during():
+        scope: dict = {}
+        exec(PROBE, scope)
+        host = scope["probe"](_host_paths(runner))
+        sib = await _sibling(runner, PROBE + "print(json.dumps(probe(%r)))" % (RUNTIME_PATHS,))
+        return host, sib
+    r, (host, sib) = runner.run(_while_held(runner, LOCKER, during))
+    assert r.status.value == "ok" and r.stdout == b"8\n", r.stderr[-2000:]
+    assert sib.status.value == "ok", sib.stderr[-2000:]
+    assert json.loads(sib.stdout) == {p: ["free", "free"] for p in RUNTIME_PATHS}
+    assert host == {p: ["free", "free"] for p in _host_paths(runner)}
+
+
+def _cached_pages(path):
+    """Pages of `path` in the host's page cache (mincore over a fresh mapping)."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        vec = (ctypes.c_ubyte * pages)()
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0
+        return sum(b & 1 for b in vec)
+    finally:
+        libc.munmap(ctypes.c_void_p(addr), ctypes.c_size_t(size))
+
+
+RUNTIME_FILE = "/usr/lib/python3.11/pydoc_data/topics.py"
+"""A runtime file of ~0.7 MiB that nothing keeps mapped (its pages can be dropped)."""
+
+
+def test_fadvise_dontneed_leaves_the_hosts_page_cache_alone(runner, run_one):
+    """posix_fadvise(DONTNEED) over a runtime file the host has cached: it returns 0 and
+    the host's pages stay (before: all of them dropped — the flush of flush+reload)."""
+    with open(RUNTIME_FILE, "rb") as f:
+        f.read()
+    before = _cached_pages(RUNTIME_FILE)
+    r = run_one("import os\n"
+                "for p in (%r, '/proc/self/exe'):\n"
+                "    fd = os.open(p, os.O_RDONLY)\n"
+                "    print(os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))\n"
+                % (RUNTIME_FILE,))
+    after = _cached_pages(RUNTIME_FILE)
+    assert r.status.value == "ok" and r.stdout == b"None\nNone\n", r.stderr[-2000:]
+    assert before > 0
+    assert after >= before * 0.9, (before, after)
+
+
+def _dirty_pages(path):
+    """Dirty pages of `path` (cachestat(2), read on the host)."""
+    import ctypes
+    import struct
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng = ctypes.create_string_buffer(struct.pack("QQ", 0, 0))
+    out = ctypes.create_string_buffer(40)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert libc.syscall(451, fd, rng, out, 0) == 0, ctypes.get_errno()
+    finally:
+        os.close(fd)
+    return struct.unpack("5Q", out.raw)[1]
+
+
+SYNCER = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+os.sync()
+fd = os.open('/usr/bin/true', os.O_RDONLY)
+print(libc.syncfs(fd), libc.sync())
+"""
+
+
+def test_sync_from_a_sandbox_writes_back_nothing_of_the_host(runner, run_one, tmp_path):
+    """A host file with dirty pages (on the host's disk); the sandbox calls sync() and
+    syncfs() on a runtime file: both return 0 and the host file is still dirty (before:
+    written back — every host filesystem flushed, charged to nobody). Tried up to three
+    times: a sync by anyone else on the host in between is not the sandbox's."""
+    path = tmp_path / "dirty"
+    for _ in range(3):
+        with open(path, "wb") as f:
+            f.write(os.urandom(1 << 20))
+        if _dirty_pages(path) == 0:
+            continue  # written back before the sandbox ran: try again
+        r = run_one(SYNCER)
+        assert r.status.value == "ok" and r.stdout == b"0 0\n", r.stderr[-2000:]
+        if _dirty_pages(path) > 0:
+            return
+    raise AssertionError("the host file's pages were written back each time")
+
+
+ORDINARY = """
+import fcntl, os, sqlite3, sys
+# sqlite locks its own files: a second writer is refused while the first holds it
+a = sqlite3.connect('db.sqlite', timeout=0)
+a.execute('create table t (x)')
+a.commit()
+a.execute('begin immediate')
+a.execute('insert into t values (1)')
+b = sqlite3.connect('db.sqlite', timeout=0)
+try:
+    b.execute('insert into t values (2)')
+    print('not locked')
+except sqlite3.OperationalError as e:
+    print(e)
+a.commit()
+b.execute('insert into t values (2)')
+b.commit()
+print(sorted(r[0] for r in a.execute('select x from t')))
+# flock between two processes on its own file
+fd = os.open('lock', os.O_CREAT | os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+pid = os.fork()
+if pid == 0:
+    try:
+        fcntl.flock(os.open('lock', os.O_RDWR), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os._exit(1)
+    except BlockingIOError:
+        os._exit(0)
+print('child blocked:', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0)
+# fsync, sync and fadvise on its own files
+f = os.open('data', os.O_CREAT | os.O_WRONLY)
+os.write(f, b'x' * 10000)
+print(os.fsync(f), os.fdatasync(f), os.sync(),
+      os.posix_fadvise(f, 0, 0, os.POSIX_FADV_DONTNEED),
+      os.posix_fadvise(f, 0, 0, os.POSIX_FADV_WILLNEED), open('data').read(3))
+print(os.readlink('/proc/self/exe'), os.path.realpath(sys.executable))
+"""
+
+
+def test_ordinary_programs_still_work(runner, run_one):
+    """What programs do with their own files: sqlite's locks, flock between two of its
+    processes, fsync/sync/fadvise, the interpreter's /proc/self/exe, and gcc."""
+    r = run_one(ORDINARY)
+    assert r.status.value == "ok", r.stderr[-2000:]
+    lines = r.stdout.decode().splitlines()
+    assert lines[:3] == ["database is locked", "[1, 2]", "child blocked: True"], lines
+    assert lines[3] == "None None None None None xxx", lines
+    exe, real = lines[4].split()
+    assert exe == real and exe.startswith("/usr/bin/python3"), lines
+    c = run_one('#include <stdio.h>\nint main(void){printf("%d\\n", 6 * 7);}\n', "c")
+    assert (c.status.value, c.stdout) == ("ok", b"42\n"), c.stderr[-2000:]
+    sh = run_one("import subprocess\n"
+                 "print(subprocess.run(['python3', '-c', 'import json; print(json.dumps(1))'],"
+                 " capture_output=True, text=True).stdout.strip())\n")
+    assert (sh.status.value, sh.stdout) == ("ok", b"1\n"), sh.stderr[-2000:]

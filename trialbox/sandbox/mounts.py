@@ -36,8 +36,11 @@ _libc.syscall.restype = ctypes.c_long
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
 
-MS_NOSUID, MS_NODEV = 2, 4
+MS_RDONLY, MS_NOSUID, MS_NODEV = 1, 2, 4
+MS_REC, MS_PRIVATE = 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
 MNT_DETACH = 2
 SYS_OPEN_TREE = 428
 OPEN_TREE_CLONE = 1
@@ -60,6 +63,30 @@ def mount_tmpfs(path: str, size_bytes: int, uid: int = 0, mode: int = 0o755,
     if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
                    opts.encode()) != 0:
         raise _err(f"mount tmpfs on {path}")
+
+
+def private_usr_overlay(empty: str) -> None:
+    """In a new mount namespace of this process: an overlay of /usr over /usr (read-only,
+    `empty` as its second layer). For a zygote's preexec: exec'd from it, the zygote's
+    executable is the overlay's file while its pages are mapped through the real one,
+    which lets each cell make its own copy its /proc/self/exe (zygote.set_exe)."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        raise _err("unshare(CLONE_NEWNS)")
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        raise _err("make / private")
+    overlay_ro("/usr", "/usr", empty)
+
+
+def overlay_ro(lower: str, target: str, empty: str) -> None:
+    """A read-only overlay of `lower` at `target` (overlayfs wants two layers without an
+    upper one: `empty`, an empty directory, is the second)."""
+    for p in (lower, empty):
+        if any(c in p for c in ":,\\"):
+            raise ValueError(f"overlay layer path with ':', ',' or '\\': {p!r}")
+    data = f"lowerdir={lower}:{empty}".encode()
+    if _libc.mount(b"overlay", target.encode(), b"overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                   data) != 0:
+        raise _err(f"mount an overlay of {lower} on {target}")
 
 
 def umount(path: str) -> None:

@@ -39,8 +39,8 @@ from trialbox.sandbox.capacity import (MEMORY_CHECK_AFTER, Admission, derive_cap
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
 from trialbox.sandbox.reaper import owner_id, reap_orphans
 from trialbox.sandbox.zygote_client import (BASE_ENV, Cell, FdReader, SocketReader, Zygote,
-                                            build_root_template, cell_config,
-                                            system_runtime)
+                                            build_dev_dir, build_root_template,
+                                            cell_config, system_runtime)
 from trialbox.telemetry import traced_cell_start, traced_warm
 from trialbox.types import Limits, Runtime
 
@@ -158,6 +158,8 @@ class CellPool:
         self.dir = os.path.join(self.config.state_dir, self.id)
         self.root = os.path.join(self.dir, "root")
         self.sessions_dir = os.path.join(self.dir, "s")
+        self.dev = os.path.join(self.dir, "dev")
+        self.empty = os.path.join(self.dir, "empty")
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
@@ -252,6 +254,10 @@ class CellPool:
             prepare_template(self.image_guard.image, self.root)
         build_root_template(self.root, self.image_guard.image.rootfs
                              if self.image_guard is not None else "/")
+        # What each cell's overlays stand on (zygote.overlay): its /dev's nodes, and the
+        # empty second layer overlayfs wants.
+        os.makedirs(self.empty, mode=0o755, exist_ok=True)
+        build_dev_dir(self.dev)
         self.native_path = self._build_native()
         self._spawn_zygote()
         self.started = True
@@ -287,13 +293,31 @@ class CellPool:
 
     def _spawn_zygote(self) -> None:
         image = self.image_guard.image if self.image_guard is not None else None
-        preexec = None
+        image_preexec = None
         if image is not None:
             from trialbox.sandbox.image_root import zygote_preexec
-            preexec = zygote_preexec(image)
+            image_preexec = zygote_preexec(image)
+        python = image.python() if image is not None else self.config.python
+        # The zygote runs from an overlay of /usr (its executable, and so every Python
+        # candidate's /proc/self/exe, must not be the host's file: each cell swaps in
+        # its own copy). Only where the interpreter lives under /usr.
+        own_usr = os.path.realpath(python).startswith("/usr/")
+        empty = self.empty
+
+        def preexec() -> None:
+            if image_preexec is not None:
+                image_preexec()  # a private mount namespace with the image's /usr
+                mounts.overlay_ro("/usr", "/usr", empty)
+            else:
+                mounts.private_usr_overlay(empty)
+
         self.native = self.zygote.spawn(
             cell_config(self.root, image, self.config.preload, self.config.preload_sources,
-                        self.native_path), preexec)
+                        self.native_path, self.dev, self.empty, own_usr),
+            preexec if own_usr else image_preexec)
+        if own_usr and not self.zygote.own_exe:
+            log.warning("cells share the zygote's executable (/proc/self/exe): the kernel "
+                        "refused to swap it: %s", self.zygote_log_tail())
         if self.native_path is not None and not self.native:
             why = f"the zygote could not load {self.native_path}: {self.zygote_log_tail()}"
             if self.config.native == "on":

@@ -84,6 +84,19 @@ OFF_ARG5_LO = OFF_ARG0_LO + 5 * 8
 # ENOSYS, so callers fall back as on a kernel without them: clone3 (glibc then uses
 # clone, whose flags are checked) and kernel AIO (io_submit also takes RWF_NOWAIT).
 ENOSYS_X86_64: dict[str, int] = {"clone3": X86_64_CLONE3, "io_setup": 206}
+# Calls that succeed without doing anything (SECCOMP_RET_ERRNO with errno 0 returns 0 and
+# skips the call): what they would do is host-wide and charged to nobody. sync() writes
+# back every host filesystem; syncfs(fd) the filesystem of any file it can open (the
+# host's root, under /usr). A sandbox's own files are tmpfs, where both do nothing
+# anyway, so programs that sync see what they would see.
+NOOP_X86_64: dict[str, int] = {"sync": 162, "syncfs": 306}
+# posix_fadvise(POSIX_FADV_DONTNEED) drops a file's clean pages from the page cache, which
+# every sandbox shares with the host: over the runtime (/usr) it flushed the host's cache
+# of it, the first half of a flush+reload probe. On a sandbox's own (tmpfs) files it does
+# nothing anyway; it returns 0 without effect. Every other advice works.
+X86_64_FADVISE64 = 221
+POSIX_FADV_DONTNEED = 4
+OFF_ARG3_LO = OFF_ARG0_LO + 3 * 8
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -95,9 +108,10 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
 
     Layout: check arch (anything but x86_64 is killed: no i386/x32 side doors), load the
     syscall number, EPERM for the x32 ABI bit and each denied number, ENOSYS for clone3
-    and io_setup, then the calls whose arguments decide: clone()'s flags (no namespace
-    bits), socket()/socketpair()'s family (ALLOWED_FAMILIES), preadv2()/pwritev2()'s
-    flags (no RWF_NOWAIT); allow everything else.
+    and io_setup, 0 without effect for sync and syncfs, then the calls whose arguments
+    decide: clone()'s flags (no namespace bits), socket()/socketpair()'s family
+    (ALLOWED_FAMILIES), preadv2()/pwritev2()'s flags (no RWF_NOWAIT), fadvise64's
+    advice (DONTNEED: 0 without effect); allow everything else.
     """
     if platform.machine() != "x86_64":
         raise SandboxUnavailable(
@@ -105,6 +119,7 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
             f"{platform.machine()}; add its syscall table to trialbox/sandbox/seccomp.py")
     nrs = sorted(set((denied or DENIED_X86_64).values()))
     enosys = sorted(set(ENOSYS_X86_64.values()))
+    noop = sorted(set(NOOP_X86_64.values()))
     # Assembled with symbolic targets, resolved once every label's index is known.
     prog: list[tuple[int, int | str, int | str, int]] = []
     labels: dict[str, int] = {}
@@ -124,12 +139,18 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
         emit(BPF_JEQ_K, nr, jt="deny")
     for nr in enosys:
         emit(BPF_JEQ_K, nr, jt="enosys")
+    for nr in noop:
+        emit(BPF_JEQ_K, nr, jt="noop")
     emit(BPF_JEQ_K, X86_64_CLONE, jt="clone")
     emit(BPF_JEQ_K, X86_64_SOCKET, jt="family")
     emit(BPF_JEQ_K, X86_64_SOCKETPAIR, jt="family")
     emit(BPF_JEQ_K, X86_64_PREADV2, jt="rwf")
     emit(BPF_JEQ_K, X86_64_PWRITEV2, jt="rwf")
+    emit(BPF_JEQ_K, X86_64_FADVISE64, jt="fadvise")
     emit(BPF_RET_K, SECCOMP_RET_ALLOW)
+    label("fadvise")
+    emit(BPF_LD_W_ABS, OFF_ARG3_LO)
+    emit(BPF_JEQ_K, POSIX_FADV_DONTNEED, jt="noop", jf="allow")
     label("clone")
     emit(BPF_LD_W_ABS, OFF_ARG0_LO)
     emit(BPF_JSET_K, CLONE_NS_MASK, jt="deny", jf="allow")
@@ -147,6 +168,8 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
     emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPERM)
     label("enosys")
     emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.ENOSYS)
+    label("noop")
+    emit(BPF_RET_K, SECCOMP_RET_ERRNO | 0)
     label("allow")
     emit(BPF_RET_K, SECCOMP_RET_ALLOW)
 

@@ -84,6 +84,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS = 1, 4, 22, 38
+PR_SET_MM, PR_SET_MM_EXE_FILE, PR_SET_MM_MAP = 35, 13, 14
 SECCOMP_MODE_FILTER = 2
 SYS_PIVOT_ROOT, SYS_CAPSET, SYS_MOVE_MOUNT = 155, 126, 429
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
@@ -194,6 +195,14 @@ def serve(ctl):
     SECCOMP_PROG = (buf, SockFprog(len(prog) // 8, ctypes.addressof(buf)))
     signal.signal(signal.SIGCHLD, reap)
     load_native(CONFIG.get("native"))
+    if CONFIG.get("zygote_usr"):
+        # Can a cell swap its /proc/self/exe (set_exe)? Tried here on our own file, a
+        # no-op when it works; where the kernel refuses, cells keep the zygote's.
+        try:
+            set_exe(os.readlink("/proc/self/exe"))
+        except OSError as e:
+            CONFIG["zygote_usr"] = False
+            sys.stderr.write("cells keep the zygote's executable: %s\n" % e)
     prewarm(CONFIG.get("preload", ()), CONFIG.get("preload_sources", ()))
     # Pre-fork server discipline: freeze every object that exists now into the permanent
     # generation and keep the collector off, so no collection in a forked child walks
@@ -207,6 +216,7 @@ def serve(ctl):
     gc.freeze()
     libc.malloc_trim(0)
     ctl.sendmsg([json.dumps({"op": "hello", "pid": os.getpid(), "native": NATIVE is not None,
+                             "own_exe": bool(CONFIG.get("zygote_usr")),
                              "python": sys.version.split()[0]}).encode()])
     while True:
         msg, fds = recv_msg(ctl)
@@ -364,16 +374,35 @@ def warm(ctl, msg, fds):
 
 # --------------------------------------------------- B: pid 1 of the cell's namespace
 
+def overlay(lower, target, flags):
+    """A read-only overlay of `lower` at `target` (an empty directory as its second
+    layer: overlayfs wants two without an upper). Its inodes are this cell's own, not
+    the host's nor another cell's: inotify, flock and OFD locks on them reach no one
+    else (docs/adversary.md, K). The layers are named by /proc/self/fd paths, so the
+    cell's mountinfo shows no host path."""
+    fds = [os.open(lower, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC),
+           os.open(CONFIG["empty"], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        mount("overlay", target, "overlay", flags,
+              "lowerdir=/proc/self/fd/%d:/proc/self/fd/%d" % tuple(fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def build_root(net):
     root = CONFIG["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    mount(root, root, None, MS_BIND)
+    # The zygote runs from an overlay of /usr (so that its executable, which every
+    # Python candidate's /proc/self/exe names, can be swapped for this cell's: set_exe);
+    # this cell builds its own views from the real /usr beneath it.
+    if "zygote_usr" in CONFIG:  # even where set_exe is refused: no nested overlays
+        _check(libc.umount2(b"/usr", MNT_DETACH), "umount the zygote's /usr")
+    ro = MS_RDONLY | MS_NOSUID | MS_NODEV
+    overlay(root, root, ro)
     for src, dst in CONFIG["ro_binds"]:
-        target = root + dst
-        mount(src, target, None, MS_BIND | MS_REC)
-        mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    for src, dst in CONFIG["dev_binds"]:
-        mount(src, root + dst, None, MS_BIND)
+        overlay(src, root + dst, ro)
+    overlay(CONFIG["dev"], root + "/dev", MS_RDONLY | MS_NOSUID)  # its nodes must open
     # hidepid=2: the candidate (another uid) cannot see its init or read its argv/env.
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     # Host facts a sandbox has no use for, and that would tell sessions apart or name
@@ -384,11 +413,41 @@ def build_root(net):
     _check(libc.sethostname(host, len(host)), "sethostname")
     if not net:
         loopback_up()
+    exe = os.readlink("/proc/self/exe")
     os.chdir(root)
     _check(libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
     _check(libc.umount2(b".", MNT_DETACH), "umount old root")
     os.chdir("/")
     mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    if CONFIG.get("zygote_usr"):
+        set_exe(exe)
+
+
+def set_exe(path):
+    """Make this cell's copy of the interpreter (`path` in its own /usr overlay) our
+    /proc/self/exe, and so every candidate's that runs in this interpreter (they fork
+    from us). Else it is the zygote's file, shared by every cell of the pool: a flock
+    or an inotify watch on /proc/self/exe would reach the other sessions.
+
+    prctl(PR_SET_MM_MAP) with every other field as it is (needs CAP_SYS_ADMIN or
+    CAP_CHECKPOINT_RESTORE), else PR_SET_MM_EXE_FILE (CAP_SYS_RESOURCE). The kernel
+    refuses while the old executable is still mapped by its path: ours is the zygote's
+    overlay file, whose pages are mapped through the file beneath it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            st = f.read().rsplit(b")", 1)[1].split()
+        field = (lambda n: int(st[n - 3]))  # stat(5)'s field n, counted from 1
+        brk = libc.syscall(12, ctypes.c_ulong(0))  # SYS_brk: the current break
+        mm = struct.pack("11QQII", field(26), field(27), field(45), field(46), field(47),
+                         brk, field(28), field(48), field(49), field(50), field(51),
+                         0, 0, fd)
+        buf = ctypes.create_string_buffer(mm, len(mm))
+        if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.addressof(buf), len(mm), 0) != 0:
+            _check(libc.prctl(PR_SET_MM, PR_SET_MM_EXE_FILE, fd, 0, 0),
+                   "prctl(PR_SET_MM_EXE_FILE)")
+    finally:
+        os.close(fd)
 
 
 def loopback_up():
@@ -504,7 +563,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
         net_snapshot()
     # Candidates run in this interpreter and can read its memory (its frames, gc):
     # nothing that names the host's paths, the pool or its other cells stays in it.
-    for key in ("root", "ro_binds", "dev_binds", "native"):
+    for key in ("root", "ro_binds", "dev", "empty", "native"):
         CONFIG.pop(key, None)
     msg.clear()
     if NATIVE is not None:

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import struct
 import subprocess
 from collections.abc import Callable, Mapping
@@ -71,6 +72,8 @@ class Zygote:
         self.dir, self.python = state_dir, python
         self.proc: subprocess.Popen[bytes] | None = None
         self.ctl: socket.socket | None = None
+        self.own_exe = False
+        """Whether its cells make their own copy of the interpreter their executable."""
 
     @property
     def running(self) -> bool:
@@ -113,7 +116,9 @@ class Zygote:
             raise ZygoteDied(f"zygote exited at start: {self.log_tail()}")
         parent.settimeout(None)
         parent.setblocking(True)
-        return bool(json.loads(hello).get("native"))
+        answer = json.loads(hello)
+        self.own_exe = bool(answer.get("own_exe"))
+        return bool(answer.get("native"))
 
     def log_tail(self) -> str:
         try:
@@ -156,10 +161,14 @@ class Zygote:
 
 def cell_config(root: str, image: Image | None, preload: tuple[str, ...],
                 preload_sources: tuple[tuple[str, str], ...],
-                native: str | None) -> dict[str, object]:
-    """The zygote's `config` message: what every cell binds (the template at `root`
-    as `/`, the runtime read-only, a few device nodes), the seccomp filter, the
-    environment, the modules imported once, and the C hot path's shared object."""
+                native: str | None, dev: str, empty: str,
+                zygote_usr: bool) -> dict[str, object]:
+    """The zygote's `config` message: what every cell sees, each through an overlay of
+    its own (the template at `root` as `/`, the runtime, the device nodes at `dev`;
+    `empty` is the overlays' second layer), the seccomp filter, the environment, the
+    modules imported once, the C hot path's shared object, and whether the zygote runs
+    from an overlay of /usr (`zygote_usr`: cells then make their copy of it their
+    executable, zygote.set_exe)."""
     ro_binds = [["/usr", "/usr"], ["/etc/alternatives", "/etc/alternatives"]]
     ro_binds += [[d, d] for d in etc_runtime_dirs()]
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"):
@@ -170,13 +179,34 @@ def cell_config(root: str, image: Image | None, preload: tuple[str, ...],
         from trialbox.sandbox.image_root import ro_binds as image_binds
         ro_binds = image_binds(image)
         env = {**BASE_ENV, **dict(image.env)}
-    dev_binds = [[f"/dev/{n}", f"/dev/{n}"] for n in DEV_NODES]
-    return {"op": "config", "root": root, "ro_binds": ro_binds,
-            "dev_binds": dev_binds, "hostname": "sandbox",
+    config: dict[str, object] = {
+            "op": "config", "root": root, "ro_binds": ro_binds,
+            "dev": dev, "empty": empty, "hostname": "sandbox",
             "seccomp": build_filter().hex(), "preload": list(preload),
             "env": env, "mounts": MOUNT_TARGETS,
             "preload_sources": [list(x) for x in preload_sources],
             "native": native}
+    if zygote_usr:
+        config["zygote_usr"] = True
+    return config
+
+
+def build_dev_dir(path: str) -> None:
+    """The lower layer of every cell's /dev: the device nodes a program needs (made here
+    with the host's device numbers), the std* links and the /dev/shm mount point. Each
+    cell sees it through an overlay of its own: binds of the host's nodes were the
+    host's inodes, so a sandbox's inotify watch on /dev/null saw every write to it on
+    the host, and a flock on it reached every other session."""
+    os.makedirs(os.path.join(path, "shm"), mode=0o755, exist_ok=True)
+    for n in DEV_NODES:
+        p = os.path.join(path, n)
+        if not os.path.lexists(p):
+            os.mknod(p, 0o666 | stat.S_IFCHR, os.stat(f"/dev/{n}").st_rdev)
+            os.chmod(p, 0o666)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        if not os.path.lexists(os.path.join(path, name)):
+            os.symlink(target, os.path.join(path, name))
 
 
 # ------------------------------------------------------------------ fd readers
