@@ -168,7 +168,8 @@ def test_the_rate_limit_cannot_be_respelled_or_flooded() -> None:
     """Before, the bucket was keyed on the raw Authorization header: `Bearer`
     re-spelled got a fresh bucket per spelling, and without a token every header value
     was a new bucket (10,000 of them cleared everyone's: guard.RateLimiter's own test
-    is in tests/service/test_units.py)."""
+    is in tests/service/test_units.py); and uvicorn took the client's address from
+    X-Forwarded-For on any connection from 127.0.0.1, so a local client named itself."""
     for token in ("t0ken-xyz", None):
         s = Server("--rate", "0.01", "--burst", "3", token=token)
         try:
@@ -182,6 +183,9 @@ def test_the_rate_limit_cannot_be_respelled_or_flooded() -> None:
                 if token is None:
                     codes = [c.get("/v1/status", headers={"Authorization": f"Bearer f{i}"}
                                    ).status_code for i in range(300)]
+                    codes += [c.get("/v1/status", headers={
+                        "X-Forwarded-For": f"10.0.0.{i}", "Forwarded": f"for=10.1.0.{i}",
+                        "X-Real-IP": f"10.2.0.{i}"}).status_code for i in range(5)]
                     assert set(codes) == {429}, codes
         finally:
             s.stop()

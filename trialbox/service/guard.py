@@ -260,7 +260,7 @@ class Guard:
                 if seen > limit:
                     counters.rejected["size"] += 1
                     raise HTTPException(413, f"request body is over the limit of {limit} "
-                                        "bytes; send less")
+                                        "bytes; send less", headers={"Connection": "close"})
             return message
 
         try:

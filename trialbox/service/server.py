@@ -153,6 +153,10 @@ async def _serve(config: ServiceConfig, log_level: str, provider: Any = None,
                                                       grader=grader),
                                            log_level=log_level,
                                            http=header_deadline(config.read_timeout_s),
+                                           # the client is the peer's address: never
+                                           # X-Forwarded-For, which uvicorn believes
+                                           # from 127.0.0.1 (any local client)
+                                           proxy_headers=False,
                                            timeout_graceful_shutdown=10,
                                            timeout_keep_alive=30))
 
