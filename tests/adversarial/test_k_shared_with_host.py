@@ -431,3 +431,37 @@ def test_ordinary_programs_still_work(runner, run_one):
                  "print(subprocess.run(['python3', '-c', 'import json; print(json.dumps(1))'],"
                  " capture_output=True, text=True).stdout.strip())\n")
     assert (sh.status.value, sh.stdout) == ("ok", b"1\n"), sh.stderr[-2000:]
+
+
+UEVENT = """
+import errno, json, os, select, socket
+out = {}
+try:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 15)  # NETLINK_KOBJECT_UEVENT
+    s.bind((0, 1))
+except OSError as e:
+    s, out['refused'] = None, errno.errorcode[e.errno]
+os.write(3, b'r')
+os.read(3, 1)
+if s is not None:
+    ready = select.select([s], [], [], 2)[0]
+    out['event'] = s.recv(4096)[:40].decode(errors='replace') if ready else None
+route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE: libc's
+out['route'] = route.fileno() > 0
+out['ifaddrs'] = [n for _, n in socket.if_nameindex()]
+print(json.dumps(out))
+"""
+
+
+def test_a_uevent_socket_is_refused_and_netlink_route_works(runner):
+    """NETLINK_KOBJECT_UEVENT is refused (EPROTONOSUPPORT) while the host makes a device
+    event (before: the socket bound, and the host's `change` on /dev/null arrived — the
+    cells' network namespaces belong to the host's user namespace, and uevents go to all
+    of those). NETLINK_ROUTE, which libc uses, still works."""
+    async def during():
+        with open("/sys/devices/virtual/mem/null/uevent", "w") as f:
+            f.write("change")
+    r, _ = runner.run(_while_held(runner, UEVENT, during))
+    assert r.status.value == "ok", r.stderr[-2000:]
+    assert json.loads(r.stdout) == {"refused": "EPROTONOSUPPORT", "route": True,
+                                    "ifaddrs": ["lo"]}, r.stdout

@@ -72,6 +72,13 @@ DENIED_X86_64: dict[str, int] = {
 # namespaced: it reaches the host's vsock ports), AF_PACKET, AF_ALG, AF_BLUETOOTH,
 # AF_XDP... — fails with EAFNOSUPPORT, as in a kernel built without it.
 ALLOWED_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+AF_NETLINK = 16
+# Netlink's kernel uevents (NETLINK_KOBJECT_UEVENT) are broadcast to every network
+# namespace owned by the host's user namespace, as the cells' are: a sandbox listening
+# saw the host's device events. EPROTONOSUPPORT, as in a kernel without it; every other
+# netlink protocol answers only about the cell's own namespaces.
+NETLINK_KOBJECT_UEVENT = 15
+OFF_ARG2_LO = OFF_ARG0_LO + 2 * 8
 X86_64_SOCKET = 41
 X86_64_SOCKETPAIR = 53
 # preadv2/pwritev2 with RWF_NOWAIT say whether a file's pages are in the page cache,
@@ -110,8 +117,9 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
     syscall number, EPERM for the x32 ABI bit and each denied number, ENOSYS for clone3
     and io_setup, 0 without effect for sync and syncfs, then the calls whose arguments
     decide: clone()'s flags (no namespace bits), socket()/socketpair()'s family
-    (ALLOWED_FAMILIES), preadv2()/pwritev2()'s flags (no RWF_NOWAIT), fadvise64's
-    advice (DONTNEED: 0 without effect); allow everything else.
+    (ALLOWED_FAMILIES; for netlink, no NETLINK_KOBJECT_UEVENT), preadv2()/pwritev2()'s
+    flags (no RWF_NOWAIT), fadvise64's advice (DONTNEED: 0 without effect); allow
+    everything else.
     """
     if platform.machine() != "x86_64":
         raise SandboxUnavailable(
@@ -156,9 +164,14 @@ def build_filter(denied: dict[str, int] | None = None) -> bytes:
     emit(BPF_JSET_K, CLONE_NS_MASK, jt="deny", jf="allow")
     label("family")
     emit(BPF_LD_W_ABS, OFF_ARG0_LO)
+    emit(BPF_JEQ_K, AF_NETLINK, jt="netlink")
     for family in ALLOWED_FAMILIES:
         emit(BPF_JEQ_K, family, jt="allow")
     emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EAFNOSUPPORT)
+    label("netlink")
+    emit(BPF_LD_W_ABS, OFF_ARG2_LO)
+    emit(BPF_JEQ_K, NETLINK_KOBJECT_UEVENT, jf="allow")
+    emit(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPROTONOSUPPORT)
     label("rwf")
     emit(BPF_LD_W_ABS, OFF_ARG5_LO)
     emit(BPF_JSET_K, RWF_NOWAIT, jt="eopnotsupp", jf="allow")
