@@ -19,15 +19,31 @@ match. A candidate that breaks the protocol, exits, or sends more than `MAX_TOTA
 bytes makes the call raise `_CandidateGone` — a BaseException, so no
 `pytest.raises(Exception)` or `except Exception` in a test can take it for an answer.
 
+What the candidate's code printed, logged and warned during a request comes back with
+the answer and is replayed here, in order, before the answer is used: text to
+sys.stdout / sys.stderr (capsys, capfd), a log record to the logger of that name
+(caplog; the tests' logging levels are mirrored to the candidate's process first, so a
+record exists there exactly when it would in one process), a warning through
+`warnings.warn_explicit` (pytest.warns, deprecated_call, `-W error`: this process's
+filters decide). A coroutine of the candidate's is a real local coroutine here
+(`asyncio.run(pkg.fetch())`, `await`, `gather`): awaiting it runs the candidate's
+coroutine to completion in its process. A class of the candidate's can be subclassed by
+a test (`class Loud(pkg.Counter)`): an instance is the candidate's object plus the
+test's methods, which run here; the candidate's own methods never see the test's
+overrides (docs/judge.md). `isinstance` / `issubclass` with the candidate's classes ask
+its process, as `bool` and `len` do.
+
 Standalone: the standard library and the copied codec (`_trialbox_codec`).
 """
 
 import builtins
 import importlib
+import logging
 import os
 import struct
 import sys
 import types
+import warnings
 
 try:
     import _trialbox_codec as codec  # the copy beside us in the tests' sandbox
@@ -52,6 +68,7 @@ class _Channel:
         self.received = 0
         self.answers = 0  # frames the candidate's process answered: proof it ran
         self.gone = None
+        self.levels = ((), logging.NOTSET)  # what the candidate's process was last told
 
     def _read_exact(self, n):
         chunks, got = [], 0
@@ -66,6 +83,18 @@ class _Channel:
     def ask(self, request):
         if self.gone:
             raise _CandidateGone(self.gone)
+        levels = _logging_levels()
+        if levels != self.levels:  # caplog.set_level and its undo, mirrored first
+            sent = dict(levels[0])
+            for name in dict(self.levels[0]):
+                sent.setdefault(name, logging.NOTSET)
+            answer = self._roundtrip(["levels", sent, levels[1]])
+            if answer != ["v", None]:
+                _answer(answer)  # raises what the candidate's process made of it
+            self.levels = levels
+        return self._roundtrip(request)
+
+    def _roundtrip(self, request):
         try:
             data = codec.encode(request)
             view = memoryview(struct.pack(">I", len(data)) + data)
@@ -97,6 +126,18 @@ class _Channel:
         raise _CandidateGone(why)
 
 
+def _logging_levels():
+    """(((logger name, level), ...), logging.disable's level) of this process: the
+    root logger (named "") and every logger a level was set on."""
+    manager = logging.Logger.manager
+    named = [("", logging.getLogger().level)]
+    for name, logger in list(manager.loggerDict.items()):
+        level = getattr(logger, "level", logging.NOTSET)
+        if level != logging.NOTSET and isinstance(name, str):
+            named.append((name, level))
+    return tuple(sorted(named)), manager.disable
+
+
 _CHANNEL = None
 _remotes = {}  # ref -> Remote (one per remote object: `is` means the same object)
 _exc_classes = {}  # ref -> local stand-in exception class
@@ -108,6 +149,9 @@ def _answer(reply):
     if type(reply) is not list or not reply:
         raise _CandidateGone("the candidate's process broke the protocol")
     tag = reply[0]
+    if tag == "e" and len(reply) == 3 and type(reply[1]) is list:
+        _replay(reply[1])
+        return _answer(reply[2])
     if tag == "v" and len(reply) == 2:
         return reply[1]
     if tag == "r" and len(reply) == 5 and type(reply[1]) is int and type(reply[2]) is str \
@@ -120,8 +164,48 @@ def _answer(reply):
     raise _CandidateGone("the candidate's process broke the protocol")
 
 
+def _replay(events):
+    """What the candidate's code wrote, logged and warned, done again here in order."""
+    for ev in events:
+        kind = ev[0] if type(ev) is list and ev else None
+        if kind in ("out", "err") and len(ev) == 2 and type(ev[1]) is str:
+            stream = sys.stdout if kind == "out" else sys.stderr
+            if stream is not None:
+                stream.write(ev[1])
+        elif kind == "log" and len(ev) == 9 and [type(x) for x in ev[1:]] == [
+                str, int, str, str, str, int, str, str]:
+            name, levelno, levelname, message, pathname, lineno, func, exc = ev[1:]
+            record = logging.makeLogRecord({
+                "name": name, "levelno": levelno, "levelname": levelname, "msg": message,
+                "args": None, "pathname": pathname,
+                "filename": os.path.basename(pathname),
+                "module": os.path.splitext(os.path.basename(pathname))[0],
+                "lineno": lineno, "funcName": func, "exc_text": exc or None})
+            logger = logging.getLogger() if name == "root" else logging.getLogger(name)
+            logger.handle(record)
+        elif kind == "warn" and len(ev) == 6 and type(ev[1]) is str \
+                and type(ev[3]) is str and type(ev[4]) is str and type(ev[5]) is int:
+            if ev[2] is None:
+                category = getattr(builtins, ev[1], None)
+            else:
+                category = _answer(ev[2])
+            if not (isinstance(category, type) and issubclass(category, Warning)):
+                raise _CandidateGone("the candidate's process broke the protocol")
+            warnings.warn_explicit(ev[3], category, ev[4], ev[5])
+        else:
+            raise _CandidateGone("the candidate's process broke the protocol")
+
+
+async def _awaited(ref):
+    """The local coroutine for the candidate's coroutine `ref`: awaiting it runs that one
+    to completion in the candidate's process."""
+    return _ask("op", ref, "await", [])
+
+
 def _reference(reply):
     _, ref, kind, name, info = reply
+    if kind == "coroutine":
+        return _awaited(ref)
     if kind == "module":
         if name.partition(".")[0] in _REPO_TOPS:
             return importlib.import_module(name)  # the RemoteModule of that name
@@ -188,6 +272,8 @@ def _arg(value):
     data. A trusted object (a function, a mock, a fixture's object) cannot cross."""
     if isinstance(value, Remote):
         return ["r", object.__getattribute__(value, "_tb_ref")]
+    if isinstance(value, _RemoteInstance):  # a test's subclass: the candidate's object
+        return _arg(_remote_of(value))
     try:
         codec.encode(value)
     except (codec.CodecError, RecursionError):
@@ -310,6 +396,125 @@ class Remote:
         _op(self, "exit")
         return False
 
+    # A class of the candidate's, as a base class and in isinstance / issubclass.
+    def __mro_entries__(self, bases):
+        return (_local_base(self),)
+
+    def __instancecheck__(self, obj):
+        arg = _crossing(obj)
+        return arg is not None and _ask("op", object.__getattribute__(self, "_tb_ref"),
+                                        "isinstance", [arg]) is True
+
+    def __subclasscheck__(self, cls):
+        if isinstance(cls, type) and issubclass(cls, _RemoteInstance):
+            cls = cls._tb_class
+        arg = _crossing(cls)
+        return arg is not None and _ask("op", object.__getattribute__(self, "_tb_ref"),
+                                        "issubclass", [arg]) is True
+
+
+def _crossing(value):
+    """`value` as an argument for the candidate's process, or None if it cannot cross
+    (then it is no instance or subclass of the candidate's classes)."""
+    try:
+        return _arg(value)
+    except TypeError:
+        return None
+
+
+def _remote_of(instance):
+    try:
+        return object.__getattribute__(instance, "_tb_obj")
+    except AttributeError:
+        raise AttributeError(
+            "%s.__init__ did not call the candidate's __init__ (super().__init__(...)): "
+            "the object does not exist yet" % type(instance).__name__) from None
+
+
+class _RemoteInstance:
+    """The base of a test's subclass of a candidate's class. An instance is the
+    candidate's object (made by the candidate's class, in its process) with the test's
+    methods on top: what the test's class defines runs here, anything else is the
+    candidate's object's. The candidate's methods run in its process and never call the
+    test's overrides."""
+
+    _tb_class = None  # the candidate's class (a Remote), set on the generated base
+
+    def __init__(self, *args, **kwargs):
+        object.__setattr__(self, "_tb_obj", type(self)._tb_class(*args, **kwargs))
+
+    def __getattr__(self, name):
+        if name.startswith("_tb_"):
+            raise AttributeError(name)
+        return getattr(_remote_of(self), name)
+
+    def __setattr__(self, name, value):
+        # An attribute the candidate's object has is set there (its methods read it);
+        # any other — the test's own state — stays here, a live object as in one process.
+        try:
+            remote = object.__getattribute__(self, "_tb_obj")
+        except AttributeError:  # before the candidate's __init__ made the object
+            remote = None
+        if remote is None or name in self.__dict__ or _crossing(value) is None:
+            object.__setattr__(self, name, value)
+            return
+        try:
+            getattr(remote, name)
+        except AttributeError:
+            object.__setattr__(self, name, value)
+            return
+        setattr(remote, name, value)
+
+    def __repr__(self):
+        return "<a test's %s over %r>" % (type(self).__name__,
+                                          self.__dict__.get("_tb_obj"))
+
+
+_FORWARDED = ("__len__", "__iter__", "__next__", "__getitem__", "__setitem__",
+              "__delitem__", "__bool__", "__str__", "__int__", "__float__", "__index__",
+              "__abs__", "__neg__", "__enter__", "__exit__", "__call__")
+_bases = {}  # ref of the candidate's class -> its local base
+
+
+def _local_base(remote_class):
+    """The local base class a test's `class X(pkg.Cls)` gets: forwarding each method of
+    the candidate's class by name (so `super().method()` works), and its operators."""
+    if object.__getattribute__(remote_class, "_tb_kind") != "class":
+        raise TypeError("the candidate's %r is not a class: it cannot be a base class"
+                        % remote_class)
+    ref = object.__getattribute__(remote_class, "_tb_ref")
+    if ref in _bases:
+        return _bases[ref]
+    names = _ask("op", ref, "methods", [])
+    if type(names) is not list:
+        raise _CandidateGone("the candidate's process broke the protocol")
+    namespace = {"_tb_class": remote_class}
+
+    def forward(name):
+        def method(self, *args, **kwargs):
+            return getattr(_remote_of(self), name)(*args, **kwargs)
+        method.__name__ = name
+        return method
+
+    def forward_op(name):
+        def method(self, *args):
+            return getattr(type(_remote_of(self)), name)(_remote_of(self), *args)
+        method.__name__ = name
+        return method
+
+    for name in names:
+        if type(name) is not str:
+            raise _CandidateGone("the candidate's process broke the protocol")
+        if name in _FORWARDED:
+            namespace[name] = forward_op(name)
+        elif not name.startswith(("__", "_tb_")):  # _tb_*: this wrapper's own
+            namespace[name] = forward(name)
+    short = object.__getattribute__(remote_class, "_tb_name").rpartition(".")[2]
+    base = type(short, (_RemoteInstance,), namespace)
+    base.__module__ = "candidate"
+    _bases[ref] = base
+    return base
+
 
 class RemoteModule(types.ModuleType):
     """A module of the candidate's tree: its attributes live in the candidate's process.
@@ -347,6 +552,10 @@ class RemoteLoader:
 
     def exec_module(self, module):
         reply = _CHANNEL.ask(["import", self.name])
+        if type(reply) is list and len(reply) == 3 and reply[0] == "e" \
+                and type(reply[1]) is list:  # what the import printed, logged, warned
+            _replay(reply[1])
+            reply = reply[2]
         if type(reply) is list and len(reply) == 5 and reply[0] == "r" \
                 and reply[2] == "module" and type(reply[1]) is int:
             module._tb_ref = reply[1]

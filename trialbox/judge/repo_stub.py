@@ -11,13 +11,24 @@ trusted test process over fd 3: each is a frame (4-byte big-endian length + code
                                                                setitem, delitem, bool,
                                                                str, int, float, ...)
 
+    ["levels", {logger name: level}, disable]   the tests' logging levels, mirrored
+
 where an argument is ["v", plain data] or ["r", ref] (an object this stub handed out
 before). Each answer is ["v", plain data] (a value of exact builtin types that the codec
 takes whole), ["r", ref, kind, name, info] (any other object, kept here under a number:
 kind is module / class / exception-class / callable / object; an exception class's info
 is its builtin ancestor and its own classes in MRO order), ["l", [answer, ...]] (the
 items of an `iter`), or ["x", exception type name, its class's answer or None for a
-builtin, message] when the candidate's code raised.
+builtin, message] when the candidate's code raised. A coroutine (or other awaitable) is
+a reference of kind `coroutine`; the `await` op runs it to completion here.
+
+What the request's code did besides answering — wrote to sys.stdout / sys.stderr,
+logged, warned — rides along as ["e", events, answer], the events in the order they
+happened: ["out" | "err", text], ["log", logger, levelno, levelname, message, pathname,
+lineno, funcName, exc_text], ["warn", category name, its class's answer or None for a
+builtin, message, filename, lineno]. The tests' process replays them (its capsys,
+caplog, pytest.warns and warning filters see them as in one process). They are data like
+any answer: written text, records and warnings, never code.
 
 Nothing here is trusted: the candidate shares this process and may rewrite any of it.
 Whatever comes back over fd 3 is decoded as plain data by the trusted side, which never
@@ -25,12 +36,17 @@ runs the candidate's code nor lets it near the tests — tampering makes calls f
 tests pass. Standalone: imports nothing from trialbox (it is copied into the sandbox).
 """
 
+import asyncio
 import builtins
 import importlib
+import inspect
+import io
+import logging
 import operator
 import os
 import struct
 import sys
+import warnings
 
 import _trialbox_codec as codec
 
@@ -43,7 +59,90 @@ _OPS = {
     "int": int, "float": float, "index": operator.index, "abs": abs, "neg": operator.neg,
     "enter": lambda o: o.__enter__(), "exit": lambda o: o.__exit__(None, None, None),
     "next": next,
+    "await": lambda o: _loop().run_until_complete(o),
+    "isinstance": lambda c, o: isinstance(o, c), "issubclass": lambda c, o: issubclass(o, c),
+    "methods": lambda c: [n for n in dir(c) if callable(getattr(c, n, None))],
 }
+MAX_TEXT = 4 << 20  # characters of stdout + stderr one request may send back
+_events = None  # what the running request wrote, logged and warned (None: no request)
+_text = [0]
+_event_loop = []
+
+
+def _loop():
+    """The event loop the candidate's coroutines run on (one, kept across requests)."""
+    if not _event_loop:
+        _event_loop.append(asyncio.new_event_loop())
+        asyncio.set_event_loop(_event_loop[0])
+    return _event_loop[0]
+
+
+class _Stream(io.TextIOBase):
+    """sys.stdout / sys.stderr while the candidate's code runs: what it writes goes
+    back with the answer."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def writable(self):
+        return True
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        if _events is None or not text:
+            return len(text)
+        room = MAX_TEXT - _text[0]
+        if room <= 0:
+            return len(text)
+        kept = text[:room]
+        if len(kept) < len(text):
+            kept += "\n[trialbox: output past %d characters dropped]\n" % MAX_TEXT
+        _text[0] += len(kept)
+        if _events and _events[-1][0] == self.tag:
+            _events[-1][1] += kept
+        else:
+            _events.append([self.tag, kept])
+        return len(text)
+
+
+class _Relay(logging.Handler):
+    """On the root logger: every record the candidate's loggers let through goes back
+    with the answer (formatted here: only text crosses)."""
+
+    def emit(self, record):
+        if _events is None or len(_events) > 100000:
+            return
+        try:
+            exc = record.exc_text or ""
+            if not exc and record.exc_info:
+                exc = logging.Formatter().formatException(record.exc_info)
+            _events.append(["log", str(record.name), int(record.levelno),
+                            str(record.levelname), record.getMessage()[:100000],
+                            str(record.pathname), int(record.lineno), str(record.funcName),
+                            str(exc)[:100000]])
+        except Exception:
+            self.handleError(record)
+
+
+def _relay_warning(message, category, filename, lineno, file=None, line=None):
+    if _events is None or len(_events) > 100000:
+        return
+    own = getattr(builtins, category.__name__, None) is not category
+    _events.append(["warn", category.__name__, _describe(category) if own else None,
+                    str(message)[:100000], str(filename), int(lineno)])
+
+
+def _levels(mapping, disable):
+    """Mirror the tests' logging levels, so a record is emitted here exactly when it
+    would be in one process (`caplog.set_level`, `caplog.at_level`)."""
+    for name, level in mapping.items():
+        (logging.getLogger() if name == "" else logging.getLogger(name)).setLevel(level)
+    logging.disable(disable)
 _objects = {}  # ref -> object handed out
 _refs = {}  # id(object) -> ref (the same object always gets the same ref)
 
@@ -106,6 +205,8 @@ def _describe(obj):
         return ["r", ref, "exception-class", _name(obj), [_builtin_ancestor(obj), chain]]
     if isinstance(obj, type):
         return ["r", ref, "class", _name(obj), []]
+    if inspect.isawaitable(obj):
+        return ["r", ref, "coroutine", _name(type(obj)), []]
     return ["r", ref, "callable" if callable(obj) else "object", _name(type(obj)), []]
 
 
@@ -131,6 +232,8 @@ def _raised(e):
 
 def handle(msg):
     what = msg[0]
+    if what == "levels":
+        return _levels(msg[1], msg[2])
     if what == "import":
         return importlib.import_module(msg[1])
     target = _objects[msg[1]]
@@ -147,12 +250,21 @@ def handle(msg):
 
 
 def main():
+    global _events
     sys.dont_write_bytecode = True
     sys.path.insert(0, os.getcwd())
+    sys.stdout, sys.stderr = _Stream("out"), _Stream("err")
+    logging.getLogger().addHandler(_Relay())
+    # Every warning reaches the tests' process, whose filters decide (as pytest's do
+    # in one process): filters the candidate's code adds still come first.
+    warnings.resetwarnings()
+    warnings.simplefilter("always")
+    warnings.showwarning = _relay_warning
     while True:
         msg = recv()
         if msg is None:
             return
+        _events, _text[0] = [], 0
         try:
             if msg[0] == "op" and msg[2] == "iter":  # the items, each described
                 answer = ["l", [_describe(x) for x in handle(msg)]]
@@ -160,6 +272,9 @@ def main():
                 answer = _describe(handle(msg))
         except BaseException as e:  # the candidate's code raised: its answer
             answer = _raised(e)
+        events, _events = _events, None
+        if events:
+            answer = ["e", events, answer]
         try:
             send(answer)
         except BaseException as e:
