@@ -53,6 +53,8 @@ mkdir -p /tmp/out && mount -t hostfs none /tmp/out -o $work/out
 # Debian 12 boots with IPv6; this UML kernel builds it as a module
 m=/usr/lib/uml/modules/\$(uname -r)/kernel
 ipv6="\$(insmod \$m/lib/crc-ccitt.ko 2>&1; insmod \$m/net/ipv6/ipv6.ko 2>&1)"
+# and overlayfs, which every cell's root is made of (docs/sandbox.md)
+insmod \$m/fs/overlayfs/overlay.ko 2>/dev/null
 ip link set lo up 2>/dev/null
 export HOME=/tmp PYTHONDONTWRITEBYTECODE=1 LANG=C.UTF-8 TRIALBOX_EXPECT_CGROUP=2
 export TRIALBOX_TEST_TIME_SCALE=${TRIALBOX_TEST_TIME_SCALE:-10}
