@@ -106,7 +106,7 @@ async def served(grader: Any = None) -> AsyncIterator[tuple[httpx.AsyncClient,
     app = create_app(ServiceConfig(), provider=provider, grader=grader)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://serve") as client:
+                                     base_url="http://localhost") as client:
             yield client, backend, provider
     for n in nodes:
         await n.close()
