@@ -129,11 +129,6 @@ def test_a_sandbox_names_nothing_of_the_host(tier: Tier) -> None:
         assert line.rsplit(":", 1)[1] == "/", f"{tier.name}: {line}"
 
 
-@pytest.mark.parametrize("tier", [
-    pytest.param("namespace", marks=pytest.mark.xfail(
-        strict=True, reason="the namespace tier binds the host's devtmpfs nodes (reported "
-        "in issue 28: namespace tier's files)")),
-    "container", "container:crun", "gvisor"], indirect=True)
 def test_dev_is_small_and_not_the_hosts(tier: Tier) -> None:
     """/dev and its nodes live on a small tmpfs: no devtmpfs (sized to the host's
     memory) in the mount table, and statvfs of /dev/null is not the host's."""

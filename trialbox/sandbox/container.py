@@ -3,9 +3,10 @@
 Same kernel as the host (like the namespace tier), but built the standard way from an
 OCI bundle, so the same bundle runs under any OCI runtime (and under Kubernetes'
 RuntimeClasses: docs/tiers.md). The session machinery is oci.py's; each container has a
-user namespace (container uid 0-65535 -> host uid_base...), its own network namespace
-(loopback only), a read-only root, the session's cgroup (memory, CPU, pids limits from
-the host kernel) and runs drop to uid 1000 with the namespace tier's seccomp deny-list.
+user namespace (container uid 0-65535 -> a block of host uids of the session's own,
+owned by the first of them: userns.py), its own network namespace (loopback only), a
+read-only root, the session's cgroup (memory, CPU, pids limits from the host kernel)
+and runs drop to uid 1000 with the namespace tier's seccomp deny-list.
 
 `crun` refuses this host's hybrid cgroup layout (v1 controllers plus an empty cgroup2
 mount): it runs in a private mount namespace with the cgroup2 mount hidden.

@@ -55,7 +55,8 @@ from trialbox.sandbox.cgroups import _mounts as _cgroup_mounts
 from trialbox.sandbox.network import Gate, check_node, configure_sandbox_side, new_netns
 from trialbox.sandbox.reaper import owner_alive, owner_id
 from trialbox.sandbox.seccomp import build_filter
-from trialbox.sandbox.userns import SLOT_SIZE, UidLease, make_userns
+from trialbox.sandbox.uids import UidLease, lease
+from trialbox.sandbox.userns import MAPPED, make_userns
 from trialbox.sandbox.zygote_client import (
     BASE_ENV,
     DEV_NODES,
@@ -96,7 +97,8 @@ class Engine:
     flags: tuple[str, ...] = ()
     """Global flags before the subcommand (runsc: --platform, --network, ...)."""
     userns: bool = True
-    """Run the container in a user namespace (container 0-65535 -> host uid_base...).
+    """Run the container in a user namespace (container 0-65535 -> a block of host uids
+    of its session's own: uids.py, userns.py).
     gVisor has its own user namespace and needs none on the host."""
     join_cgroup: bool = False
     """Put the runtime process into the session's cgroup before it starts (runsc runs
@@ -144,15 +146,6 @@ class OciConfig:
     every session it serves — its clocks since boot, its TCP/IP statistics
     (/proc/net/snmp is the whole sandbox's), its pid counter — so a session can signal
     to the next. Turn it on only where consecutive sessions are one trust domain."""
-    uid_base: int = 1_500_000_000
-    """First host uid of the container tier's uid slots: session k's container uids
-    0..65535 are host `uid_base + k * 65536...` (userns.py), a range of their own, far
-    above the namespace tier's (PoolConfig.uid_base)."""
-    uid_slots: int = 1024
-    """Container sessions that may be open on this node at once, all processes together
-    (each holds a slot: its own host uids, so per-user kernel budgets are its own)."""
-    uid_lock_dir: str = "/run/trialbox-oci-uids"
-    """Where the slots' lock files live (one per slot, flock'ed by its holder)."""
     default_limits: Limits = field(default_factory=Limits)
     """Limits warm sessions are prepared with (disk size; network off)."""
     start_timeout_s: float = 20.0
@@ -177,12 +170,6 @@ class OciConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.warm <= 64:
             raise UsageError(f"OciConfig.warm must be 0..64, got {self.warm}")
-        if self.uid_base < 65_536 or self.uid_slots < 1:
-            raise UsageError("OciConfig.uid_base must be >= 65536 (above every real user) "
-                             "and uid_slots >= 1")
-        if self.uid_base + self.uid_slots * SLOT_SIZE > 2**32 - 2:
-            raise UsageError(f"OciConfig: uid_base + uid_slots * {SLOT_SIZE} passes the "
-                             "largest host uid (2**32 - 2); lower uid_base or uid_slots")
 
 
 # ------------------------------------------------------------------ the bundle
@@ -363,7 +350,7 @@ class Container:
                  uid_base: int = 0):
         self.provider, self.sid, self.sdir, self.limits = provider, sid, sdir, limits
         self.uid_base = uid_base
-        """Host uid of the container's uid 0 (its session's slot: userns.py)."""
+        """Host uid of the container's uid 0 (its session's block: uids.py)."""
         self.cid = f"{provider.id}-{sid}"
         self.cgroup = f"trialbox-oci/{provider.id}/{sid}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -390,7 +377,7 @@ class Container:
         userns = -1
         if p.engine.userns:  # owned by the session's own uid, not host root (userns.py)
             userns, netns = await p.loop.run_in_executor(
-                None, make_userns, self.uid_base, self.uid_base, SLOT_SIZE,
+                None, make_userns, self.uid_base, self.uid_base, MAPPED,
                 bool(self.limits.net_allow))
             if netns >= 0:  # the gate's namespace must be the user namespace's own
                 self.netns = netns
@@ -580,7 +567,6 @@ class OciProvider:
         self.reaped: dict[str, int] = {}
         self.python_names: frozenset[str] = frozenset()
         self._seq = 0
-        self._slot_hint = int.from_bytes(os.urandom(2), "little")
         self._ready: list[OciSession] = []
         self._warming = 0
         self._changed = asyncio.Event()  # a warm-up finished (ready, or failed)
@@ -609,10 +595,9 @@ class OciProvider:
                 "RLIMIT_FSIZE": [limits.disk_bytes, limits.disk_bytes]}
 
     def lease_uids(self) -> UidLease:
-        """A uid slot of this node's for one container session (userns.py)."""
-        self._slot_hint += 1
-        return UidLease.take(self.config.uid_lock_dir, self.config.uid_base,
-                             self.config.uid_slots, self._slot_hint % self.config.uid_slots)
+        """Host uids of its own for one container session: a block of the node's grid
+        (uids.py), for the container's 0..65535 (userns.py)."""
+        return lease(MAPPED)
 
     async def start(self) -> OciProvider:
         self.loop = asyncio.get_running_loop()

@@ -28,7 +28,7 @@ from trialbox.sandbox.namespace import _check_pass_fds, run_environment
 from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S, Container,
                                   MiB, OciProvider)
 from trialbox.sandbox.supervisor import close_quietly
-from trialbox.sandbox.userns import UidLease
+from trialbox.sandbox.uids import UidLease
 from trialbox.types import ExecResult, ExecStatus, Limits
 
 CARRY_ALL = 1 << 62
@@ -51,7 +51,7 @@ class OciSession:
         self._run: _Run | None = None
         self._refused = 0  # refused network attempts counted by containers destroyed
         self.lease: UidLease | None = None
-        """The session's uid slot (container tier: its own host uids, userns.py)."""
+        """The session's host uids (container tier: a block of uids.py's, userns.py)."""
         self.uid = SANDBOX_UID
         """Host uid of the workspace's files (the sandbox's uid 1000, as the host sees it:
         under gVisor 1000 itself, whose gofer writes them; in a container its slot's)."""
@@ -63,7 +63,7 @@ class OciSession:
     def make_workspace(self) -> None:
         if self.provider.engine.userns:
             self.lease = self.provider.lease_uids()
-            self.uid = self.lease.base + SANDBOX_UID
+            self.uid = self.lease.first + SANDBOX_UID
         os.makedirs(self.fs)
         os.chmod(self.dir, 0o711)
         mounts.mount_tmpfs(self.fs, self.limits.disk_bytes, uid=0, mode=0o755)
@@ -84,7 +84,7 @@ class OciSession:
 
     async def start_container(self) -> None:
         c = Container(self.provider, self.sid, self.dir, self.limits,
-                      self.lease.base if self.lease is not None else 0)
+                      self.lease.first if self.lease is not None else 0)
         self.container = c
         try:
             await c.start()
@@ -200,7 +200,7 @@ class OciSession:
                 mounts.umount(mp)
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.lease is not None:  # no process of the session is left to hold its uids
-            self.lease.release()
+            self.lease.close()
             self.lease = None
 
     # -- runs -------------------------------------------------------------------------
