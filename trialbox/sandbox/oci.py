@@ -790,7 +790,15 @@ class OciProvider:
         self._seq += 1
         sb = OciSession(self, f"s{self._seq}", limits)
         try:
-            sb.make_workspace()
+            # off the loop: a tmpfs mount and, on the container tier, the uid lease
+            # (uids.py reads /proc once); a cancelled caller still waits for it, so
+            # close() below undoes all of it
+            made = self.loop.run_in_executor(None, sb.make_workspace)
+            try:
+                await asyncio.shield(made)
+            except asyncio.CancelledError:
+                await asyncio.wait([made])
+                raise
             await sb.start_container()
         except BaseException:
             await sb.close()
