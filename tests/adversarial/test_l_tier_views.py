@@ -168,8 +168,11 @@ while len(fds) < 128:
     if fd < 0:
         break
     fds.append(fd)
+queues = 0  # POSIX message queues until the per-user byte budget (RLIMIT_MSGQUEUE) ends
+while queues < 64 and libc.mq_open(b"/q%d" % queues, 0o100 | 2, 0o600, None) >= 0:
+    queues += 1
 uid_map = open("/proc/self/uid_map").read().split()
-open("/workspace/held", "w").write("%d %s" % (len(fds), uid_map[1]))
+open("/workspace/held", "w").write("%d %d %s" % (len(fds), queues, uid_map[1]))
 while not os.path.exists("/workspace/done"):
     time.sleep(0.01)
 """
@@ -179,9 +182,10 @@ CONTAINERS = ["container", "container:crun"]
 
 @pytest.mark.parametrize("tier", CONTAINERS, indirect=True)
 def test_a_sessions_kernel_budgets_are_its_own(tier: Tier) -> None:
-    """Two container sessions each hold 128 inotify instances (the per-user limit) at
-    once: both get all 128, host root still gets one, and the two sessions' host uids
-    differ (each is charged to its own uid, not to host root's)."""
+    """Two container sessions each hold 128 inotify instances (the per-user limit) and
+    POSIX message queues up to their byte budget, at once: both get all 128 and the same
+    number of queues, host root still gets an inotify instance and a queue, and the two
+    sessions' host uids differ (each is charged to its own uid, not to host root's)."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     async def body() -> tuple[list[str], int, list[ExecResult]]:
@@ -198,19 +202,27 @@ def test_a_sessions_kernel_budgets_are_its_own(tier: Tier) -> None:
             errno = ctypes.get_errno()
             if fd >= 0:
                 os.close(fd)
+            name = b"/trialbox-test-l-%d" % os.getpid()
+            mq = libc.mq_open(name, 0o100 | 2, 0o600, None)
+            mq_errno = ctypes.get_errno()
+            if mq >= 0:
+                os.close(mq)
+                libc.mq_unlink(name)
             for sb in sbs:
                 await sb.write_file("done", b"")
             results = [await r for r in runs]
-            return got, (fd if fd >= 0 else -errno), results
+            return got, (fd if fd >= 0 else -errno), (mq if mq >= 0 else -mq_errno), results
         finally:
             for sb in sbs:
                 await sb.close()
 
-    got, host_fd, results = tier.run(body())
+    got, host_fd, host_mq, results = tier.run(body())
     for r in results:
         assert r.status is ExecStatus.OK, describe(r)
     assert host_fd >= 0, f"host root's inotify_init1 failed (errno {-host_fd}) {got}"
-    counts, uids = zip(*(g.split() for g in got), strict=True)
+    assert host_mq >= 0, f"host root's mq_open failed (errno {-host_mq}) {got}"
+    counts, queues, uids = zip(*(g.split() for g in got), strict=True)
     assert counts == ("128", "128"), got
+    assert int(queues[0]) > 0 and queues[0] == queues[1], got
     assert uids[0] != uids[1], f"two sessions share host uid {uids[0]}"
     assert "0" not in uids, got
