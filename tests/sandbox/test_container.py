@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -24,3 +25,23 @@ def oci(request: pytest.FixtureRequest) -> Iterator[OciHarness]:
 def test_unknown_runtime_is_a_clear_error() -> None:
     with pytest.raises(UsageError, match="runc, crun"):
         engine_for("docker")
+
+
+def test_a_node_refusing_unprivileged_user_namespaces_is_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each container session's user namespace is owned by an unprivileged uid of its own
+    (userns.py); where the node refuses one, the tier does not start (never a container
+    owned by host root) and the error says what to allow."""
+    import asyncio
+
+    from trialbox.errors import SandboxStartError, SandboxUnavailable
+    from trialbox.sandbox import oci
+
+    def refused(*_args: object, **_kw: object) -> tuple[int, int]:
+        raise SandboxStartError("unshare: unshare failed: Operation not permitted")
+
+    monkeypatch.setattr(oci, "make_userns", refused)
+    p = ContainerProvider(OciConfig(warm=0))
+    with pytest.raises(SandboxUnavailable, match="unprivileged_userns_clone"):
+        asyncio.run(p.start())
+    assert not os.path.exists(p.dir)  # refused before it made anything

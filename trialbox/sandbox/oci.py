@@ -56,7 +56,7 @@ from trialbox.sandbox.network import Gate, check_node, configure_sandbox_side, n
 from trialbox.sandbox.reaper import owner_alive, owner_id
 from trialbox.sandbox.seccomp import build_filter
 from trialbox.sandbox.uids import UidLease, lease
-from trialbox.sandbox.userns import MAPPED, make_userns
+from trialbox.sandbox.userns import MAPPED, UNSHARE, make_userns
 from trialbox.sandbox.zygote_client import (
     BASE_ENV,
     DEV_NODES,
@@ -594,6 +594,23 @@ class OciProvider:
                 "RLIMIT_CPU": [cpu, cpu + 1], "RLIMIT_CORE": [0, 0],
                 "RLIMIT_FSIZE": [limits.disk_bytes, limits.disk_bytes]}
 
+    def _check_userns(self) -> None:
+        """SandboxUnavailable unless an unprivileged uid may make the user namespace a
+        container session joins (userns.py): never a container owned by host root."""
+        if not os.access(UNSHARE, os.X_OK):
+            raise SandboxUnavailable(f"the {self.tier} tier needs {UNSHARE}; install it: "
+                                     "apt-get install util-linux")
+        with self.lease_uids() as uids:
+            try:
+                user, _ = make_userns(uids.first, uids.first)
+            except SandboxStartError as e:
+                raise SandboxUnavailable(
+                    f"the {self.tier} tier gives each session a user namespace owned by "
+                    f"an unprivileged uid, and this node refuses one ({e}); allow "
+                    "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone"
+                    "=1, user.max_user_namespaces > 0)") from e
+            os.close(user)
+
     def lease_uids(self) -> UidLease:
         """Host uids of its own for one container session: a block of the node's grid
         (uids.py), for the container's 0..65535 (userns.py)."""
@@ -618,6 +635,8 @@ class OciProvider:
 
     def _start_sync(self) -> None:
         self.check()
+        if self.engine.userns:
+            self._check_userns()
         self.cgroups = CgroupDriver.detect()
         if self.config.image:
             from trialbox.sandbox.image import load_image
