@@ -207,7 +207,12 @@ class CellPool:
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> CellPool:
         self.loop = asyncio.get_running_loop()
-        self._start_sync()
+        try:
+            self._start_sync()
+        except BaseException:
+            if self.uids is not None:  # a pool that never started holds no uids
+                self.uids.close()
+            raise
         if self.image_guard is not None:
             self.image_guard.start_periodic()
         self._refill()
