@@ -66,8 +66,25 @@ def test_a_killed_holders_block_is_free_again(grid):
         assert again.first == BASE
 
 
-def test_a_block_with_a_process_still_running_as_its_uid_is_skipped(grid):
+def _killed_holder(grid):
+    """A process that leases the first block and dies by SIGKILL, holding it."""
+    code = textwrap.dedent(f"""
+        import time
+        from trialbox.sandbox import uids
+        uids.NODE_BASE, uids.MAX_UID = {BASE}, {BASE + 64 * uids.BLOCK}
+        print(uids.lease(1, {grid!r}).first, flush=True)
+        time.sleep(600)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert int(holder.stdout.readline()) == BASE
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    holder.stdout.close()
+
+
+def test_a_dead_holders_block_is_skipped_while_a_process_runs_as_its_uid(grid):
     """A dead holder's sandbox not yet reaped keeps its block out of the next lease."""
+    _killed_holder(grid)
     straggler = subprocess.Popen(["sleep", "600"], user=BASE + 7, group=BASE + 7)
     try:
         with uids.lease(1, grid) as lease:
@@ -75,6 +92,18 @@ def test_a_block_with_a_process_still_running_as_its_uid_is_skipped(grid):
     finally:
         straggler.kill()
         straggler.wait()
+    with uids.lease(1, grid) as lease:
+        assert lease.first == BASE
+
+
+def test_a_block_given_back_is_leased_again_without_a_scan(grid, monkeypatch):
+    """Only a block whose holder died costs the /proc scan."""
+    with uids.lease(1, grid):
+        pass
+
+    def scan(first, count):
+        raise AssertionError("scanned a block given back cleanly")
+    monkeypatch.setattr(uids, "_uids_running", scan)
     with uids.lease(1, grid) as lease:
         assert lease.first == BASE
 
