@@ -810,7 +810,7 @@ class OciProvider:
         sb = OciSession(self, f"s{self._seq}", limits)
         try:
             # off the loop: a tmpfs mount and, on the container tier, the uid lease
-            # (uids.py reads /proc once); a cancelled caller still waits for it, so
+            # (uids.py may read /proc); a cancelled caller still waits for it, so
             # close() below undoes all of it
             made = self.loop.run_in_executor(None, sb.make_workspace)
             try:
