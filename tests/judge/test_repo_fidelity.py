@@ -263,3 +263,130 @@ def test_forged_events_never_pass_a_test(runner, event):
     g = runner.run(judge_repo(FORGE_TASK, {"p/core.py": code}, runner.pool, FAST))
     assert g.outcome is Outcome.FAILED, (g.message, g.tests)
     assert _failed(g) == {"test_bad_input_raises"}, g.tests
+
+
+# Callbacks: the test's own objects handed to the candidate's code stay in the tests'
+# process; the candidate calls them, iterates them, indexes them, reads a test class's
+# attributes — and can reach nothing else there.
+HOF_TESTS = b'''import itertools
+from collections import defaultdict
+from unittest import mock
+
+from h import core
+
+
+class Strict(defaultdict):  # a test's own class, with its own ==
+    def __eq__(self, other):
+        return isinstance(other, defaultdict) and dict.__eq__(self, other)
+
+
+class Box:
+    def __init__(self):
+        self.items = {}
+
+    def update(self, other):
+        self.items.update(other)
+
+    def __getitem__(self, k):
+        return self.items[k]
+
+    def __setitem__(self, k, v):
+        self.items[k] = v
+
+
+def inc(x):
+    return x + 1
+
+
+def test_functions_lambdas_and_builtins():
+    assert core.apply(inc, [1, 2]) == [2, 3]
+    assert core.apply(lambda x: x * 10, (1,)) == [10]
+    assert core.apply(str.upper, ["a"]) == ["A"] and core.apply(len, ["ab"]) == [2]
+
+
+def test_a_mock_records_its_calls():
+    m = mock.Mock(return_value=7)
+    assert core.apply(m, [1, 2]) == [7, 7]
+    m.assert_has_calls([mock.call(1), mock.call(2)])
+
+
+def test_an_endless_iterator_is_read_lazily():
+    assert core.take(3, itertools.count(5)) == [5, 6, 7]
+    gen = (x * x for x in range(10))
+    assert core.take(2, gen) == [0, 1] and next(gen) == 4
+
+
+def test_the_tests_objects_keep_their_class_and_identity():
+    made = core.fill(lambda: Strict(int), {"a": 1})
+    assert type(made) is Strict and made == Strict(int, {"a": 1})
+    box = Box()
+    assert core.fill(lambda: box, {"k": 2}) is box and box.items == {"k": 2}
+    core.put(box, "j", 3)
+    assert box["j"] == 3
+
+
+def test_a_callback_may_call_the_candidate_again():
+    assert core.apply(lambda x: core.apply(inc, [x])[0], [1, 2]) == [2, 3]
+'''
+HOF_GOOD = '''def apply(f, xs):
+    return [f(x) for x in xs]
+
+
+def take(n, it):
+    out = []
+    for x in it:
+        out.append(x)
+        if len(out) == n:
+            break
+    return out
+
+
+def fill(factory, items):
+    d = factory()
+    d.update(items)
+    return d
+
+
+def put(d, k, v):
+    d[k] = v
+'''
+HOF_TASK = Task("hof", TaskKind.REPO, prompt="Implement h.core.",
+                files=(("h/__init__.py", b""), ("h/core.py", b"")),
+                test_files=(("tests/test_h.py", HOF_TESTS),), test_command=("pytest",))
+
+
+@pytest.mark.parametrize("config", [FAST, IN_PROCESS], ids=["trusted", "in-process"])
+def test_the_tests_functions_and_objects_reach_the_candidates_code(runner, config):
+    g = runner.run(judge_repo(HOF_TASK, {"h/core.py": HOF_GOOD}, runner.pool, config))
+    assert g.outcome is Outcome.PASSED, (g.message, [t for t in g.tests if not t.passed])
+    assert len(g.tests) == 5
+
+
+# Each tries to get from a handle it was given to the rest of the tests' process (the
+# runner's globals, its channel); every one ends as its own failure, never a pass.
+ESCAPES = {
+    "dunder-through-getattr": "f.__globals__['__builtins__']",
+    "forged-getattr-request": "stub._callback(stub.object.__getattribute__(f, '_tid'), "
+                              "'getattr', ('__globals__',))",
+    "public-attribute-of-a-function": "f.gi_frame",
+    "a-generators-frame": "g.gi_frame.f_globals",
+    "an-id-never-handed-out": "stub._callback(999, 'call', ())",
+    "an-unknown-operation": "stub._callback(stub.object.__getattribute__(f, '_tid'), "
+                            "'setattr', ('x', 1))",
+}
+ESCAPE_TESTS = (b"from e import core\n\n\n"
+                b"def test_reach():\n    assert core.reach(lambda: 1, (x for x in [1])) == 1\n")
+ESCAPE_TASK = Task("escape", TaskKind.REPO, prompt="Implement e.core.reach.",
+                   files=(("e/__init__.py", b""), ("e/core.py", b"")),
+                   test_files=(("tests/test_e.py", ESCAPE_TESTS),), test_command=("pytest",))
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPES))
+def test_a_handle_reaches_nothing_else_of_the_tests_process(runner, escape):
+    code = ("import sys\nstub = sys.modules['_trialbox_repo_stub']\n\n\n"
+            f"def reach(f, g):\n    got = {ESCAPES[escape]}\n    return 1\n")
+    g = runner.run(judge_repo(ESCAPE_TASK, {"e/core.py": code}, runner.pool, FAST))
+    assert g.outcome is Outcome.FAILED, (g.message, g.tests)
+    # refused for the reason the rule gives, not by accident
+    assert any(why in g.message for why in ("AttributeError", "broke the protocol")), \
+        g.message

@@ -96,7 +96,7 @@ PRISTINE, _BAD = _load_pristine()
 PROXY = None
 if JOB.get("proxy"):
     import _trialbox_repo_proxy as PROXY
-    PROXY.connect(JOB.get("repo_tops") or [])
+    PROXY.connect(JOB.get("repo_tops") or [], repo=REPO)
 
 try:
     import _pytest.assertion.rewrite

@@ -95,11 +95,38 @@ class _Channel:
         return self._roundtrip(request)
 
     def _roundtrip(self, request):
+        """Send `request`, then read frames until its answer: a callback the candidate's
+        code makes meanwhile (it calls one of the test's functions) is served here and
+        answered, and the wait goes on."""
+        self._send(request)
+        while True:
+            frame = self._recv()
+            inner = frame
+            if type(frame) is list and len(frame) == 3 and frame[0] == "e" \
+                    and type(frame[1]) is list and type(frame[2]) is list \
+                    and frame[2][:1] == ["cb"]:
+                _replay(frame[1])
+                inner = frame[2]
+            if type(inner) is list and inner[:1] == ["cb"]:
+                self._send(["ret", _serve_callback(inner)])
+                continue
+            return frame
+
+    def _send(self, request):
         try:
             data = codec.encode(request)
             view = memoryview(struct.pack(">I", len(data)) + data)
             while view:
                 view = view[os.write(self.fd, view):]
+        except OSError as e:
+            return self._lose("the channel to the candidate's process failed: %s"
+                              % e.strerror)
+        except (codec.CodecError, ValueError, RecursionError) as e:
+            raise TypeError("cannot send this to the candidate's process: %s"
+                            % str(e)[:200]) from None
+
+    def _recv(self):
+        try:
             head = self._read_exact(4)
             if head is None:
                 return self._lose("the candidate's process ended")
@@ -139,6 +166,8 @@ def _logging_levels():
 
 
 _CHANNEL = None
+_trusted = {}  # id -> one of the test's objects handed to the candidate (kept alive)
+_trusted_ids = {}  # id(object) -> its id there
 _remotes = {}  # ref -> Remote (one per remote object: `is` means the same object)
 _exc_classes = {}  # ref -> local stand-in exception class
 _REPO_TOPS = set()
@@ -157,6 +186,8 @@ def _answer(reply):
     if tag == "r" and len(reply) == 5 and type(reply[1]) is int and type(reply[2]) is str \
             and type(reply[3]) is str:
         return _reference(reply)
+    if tag == "t" and len(reply) == 2 and type(reply[1]) is int and reply[1] in _trusted:
+        return _trusted[reply[1]]  # one of the test's own objects, handed back
     if tag == "l" and len(reply) == 2 and type(reply[1]) is list:
         return [_answer(r) for r in reply[1]]
     if tag == "x" and len(reply) == 4 and type(reply[1]) is str and type(reply[3]) is str:
@@ -268,21 +299,120 @@ def _make(cls, name, message):
 
 
 def _arg(value):
-    """A value for the candidate's process: a reference to its own object, or plain
-    data. A trusted object (a function, a mock, a fixture's object) cannot cross."""
+    """A value for the candidate's process: a reference to its own object, plain data,
+    a function of the standard library by name (it runs there), or a handle to any
+    other object of the test's (a lambda, a test's function, a mock, an iterator),
+    which stays here: using it there is a callback (`_serve_callback`)."""
     if isinstance(value, Remote):
         return ["r", object.__getattribute__(value, "_tb_ref")]
     if isinstance(value, _RemoteInstance):  # a test's subclass: the candidate's object
         return _arg(_remote_of(value))
+    if not hasattr(type(value), "__next__"):  # an iterator is never read ahead: a handle
+        try:
+            # by value only what arrives as itself: a test's subclass of dict (with its
+            # own __eq__, say) stays here, where the test compares it
+            if type(codec.decode(codec.encode(value))) is type(value):
+                return ["v", value]
+        except (codec.CodecError, RecursionError):
+            pass
+    named = _stdlib_name(value)
+    if named is not None:
+        return ["b", named[0], named[1]]
+    tid = _trusted_ids.get(id(value))
+    if tid is None or _trusted.get(tid) is not value:
+        tid = len(_trusted) + 1
+        _trusted[tid] = value
+        _trusted_ids[id(value)] = tid
+    return ["t", tid]
+
+
+def _stdlib_name(value):
+    """(module, qualified name) of a function or class of the standard library that
+    those names find again (`len`, `operator.add`, `str.upper`, `dict`), else None.
+    Such a function runs in the candidate's process: the candidate could compute the
+    same there anyway, and no object of this process becomes reachable from it."""
+    if not callable(value) or isinstance(value, types.MethodType):
+        return None
+    module = getattr(value, "__module__", None)
+    if module is None:
+        module = getattr(getattr(value, "__objclass__", None), "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if type(module) is not str or type(qualname) is not str or "<" in qualname:
+        return None
+    if module.partition(".")[0] not in _STDLIB or module.startswith("_trialbox"):
+        return None
     try:
-        codec.encode(value)
-    except (codec.CodecError, RecursionError):
-        raise TypeError(
-            "cannot pass a %s to the candidate's code: only plain data (None, bool, int, "
-            "float, str, bytes, and lists, tuples, dicts, sets of those) or the "
-            "candidate's own objects cross to its process (docs/judge.md, repository "
-            "tasks)" % type(value).__name__) from None
-    return ["v", value]
+        found = sys.modules.get(module) or importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:
+        return None
+    return (module, qualname) if found is value else None
+
+
+_STDLIB = getattr(sys, "stdlib_module_names", frozenset()) | {"builtins"}
+_REPO = None
+
+
+def _readable(obj):
+    """Whether the candidate may read public attributes of this object of the test's:
+    an instance of a class the trusted files define (a test's custom mapping, its
+    fixture objects' own classes) or a unittest.mock object — never a module, function,
+    frame, generator or anything of pytest's or the runner's, from which the rest of
+    this process (the runner, its channel) could be reached."""
+    cls = type(obj)
+    module = getattr(cls, "__module__", None)
+    if module in ("unittest.mock",):
+        return True
+    mod = sys.modules.get(module) if type(module) is str else None
+    path = getattr(mod, "__file__", None) if mod is not None else None
+    return (_REPO is not None and type(path) is str and not isinstance(mod, RemoteModule)
+            and path.startswith(_REPO + os.sep) and isinstance(obj, object)
+            and not isinstance(obj, (type, types.ModuleType, types.FunctionType,
+                                     types.MethodType, types.FrameType,
+                                     types.GeneratorType, types.CoroutineType)))
+_CALLBACK_OPS = {
+    "iter": iter, "next": next, "len": len, "bool": bool, "hash": hash, "str": str,
+    "repr": repr, "getitem": lambda o, k: o[k], "contains": lambda o, x: x in o,
+    "setitem": lambda o, k, v: o.__setitem__(k, v), "delitem": lambda o, k: o.__delitem__(k),
+}
+
+
+def _serve_callback(request):
+    """Apply one of the candidate's uses of a test's object: ["cb", id, op, args,
+    kwargs]. Only the object's call and its protocols (iteration, len, bool, hash, str,
+    indexing, membership) are offered — never its attributes, so nothing else of this
+    process is reachable through it. The answer is an argument form, or ["x", name,
+    None, message] for what the test's code raised (an Exception; anything else — a
+    pytest.fail, a lost candidate — goes on up the tests' process)."""
+    if len(request) != 5 or type(request[1]) is not int or request[1] not in _trusted \
+            or type(request[2]) is not str or type(request[3]) is not list \
+            or type(request[4]) is not dict:
+        raise _CandidateGone("the candidate's process broke the protocol")
+    obj, op = _trusted[request[1]], request[2]
+    args = [_answer(a) for a in request[3]]
+    kwargs = {str(k): _answer(v) for k, v in request[4].items()}
+    try:
+        if op == "call":
+            result = obj(*args, **kwargs)
+        elif op == "getattr" and len(args) == 1 and type(args[0]) is str and not kwargs:
+            if args[0].startswith("_") or not _readable(obj):
+                raise AttributeError("the test's %s object: the candidate's code may only "
+                                     "call it and use its protocols, not read %r "
+                                     "(docs/judge.md, repository tasks)"
+                                     % (type(obj).__name__, args[0]))
+            result = getattr(obj, args[0])
+        elif op in _CALLBACK_OPS and not kwargs:
+            result = _CALLBACK_OPS[op](obj, *args)
+        else:
+            raise _CandidateGone("the candidate's process broke the protocol")
+        return _arg(result)
+    except Exception as e:
+        try:
+            text = str(e)[:2000]
+        except Exception:
+            text = ""
+        return ["x", type(e).__name__, None, text]
 
 
 def _ask(*request):
@@ -307,6 +437,10 @@ class Remote:
         if name.startswith("_tb_"):
             raise AttributeError(name)
         return _ask("getattr", object.__getattribute__(self, "_tb_ref"), name)
+
+    @property
+    def __doc__(self):  # the candidate's object's docstring, not this class's
+        return _ask("getattr", object.__getattribute__(self, "_tb_ref"), "__doc__")
 
     def __setattr__(self, name, value):
         _ask("setattr", object.__getattribute__(self, "_tb_ref"), name, _arg(value))
@@ -343,6 +477,8 @@ class Remote:
         return _op(self, "len")
 
     def __iter__(self):
+        if object.__getattribute__(self, "_tb_kind") == "iterator":
+            return self  # lazy: `next` asks for one item at a time
         return iter(_op(self, "iter"))
 
     def __next__(self):
@@ -569,10 +705,12 @@ def answers():
     return _CHANNEL.answers if _CHANNEL is not None else 0
 
 
-def connect(repo_tops, fd=CANDIDATE_FD):
+def connect(repo_tops, fd=CANDIDATE_FD, repo=None):
     """Open the channel to the candidate's process; `repo_tops` are the top-level names
-    of the candidate's tree (modules by those names are remote)."""
-    global _CHANNEL
+    of the candidate's tree (modules by those names are remote); `repo` is the tree's
+    directory here (classes of the trusted files there may be read by attribute)."""
+    global _CHANNEL, _REPO
     _CHANNEL = _Channel(fd)
+    _REPO = repo
     _REPO_TOPS.update(repo_tops)
     sys.modules.setdefault("_trialbox_repo_proxy", sys.modules[__name__])

@@ -13,14 +13,28 @@ trusted test process over fd 3: each is a frame (4-byte big-endian length + code
 
     ["levels", {logger name: level}, disable]   the tests' logging levels, mirrored
 
-where an argument is ["v", plain data] or ["r", ref] (an object this stub handed out
-before). Each answer is ["v", plain data] (a value of exact builtin types that the codec
+where an argument is ["v", plain data], ["r", ref] (an object this stub handed out
+before), ["b", module, qualified name] (a function of the standard library the test
+passed, e.g. `operator.add` or `len`: resolved here, it runs here) or ["t", id] (any
+other object of the test's — a lambda, a test's function, a mock, an iterator — which
+stays in the tests' process). Using a ["t"] object here (calling it, iterating it, len,
+bool, getitem, contains, hash, str) is a *callback*: this stub sends
+["cb", id, op, args, kwargs] and waits for ["ret", answer]; meanwhile the tests' process
+may send requests of its own (the callback calls the candidate's code again), served
+here in turn. A callback's answer is ["v", data], ["r", ref] (this process's own object),
+["t", id] (another of the test's objects) or ["x", exception type name, None, message].
+Using it also covers setitem, delitem and reading a public attribute (which the tests'
+process allows only on objects of its own test classes and mocks).
+
+Each answer is ["v", plain data] (a value of exact builtin types that the codec
 takes whole), ["r", ref, kind, name, info] (any other object, kept here under a number:
 kind is module / class / exception-class / callable / object; an exception class's info
 is its builtin ancestor and its own classes in MRO order), ["l", [answer, ...]] (the
 items of an `iter`), or ["x", exception type name, its class's answer or None for a
 builtin, message] when the candidate's code raised. A coroutine (or other awaitable) is
-a reference of kind `coroutine`; the `await` op runs it to completion here.
+a reference of kind `coroutine`; the `await` op runs it to completion here. An iterator
+is a reference of kind `iterator`, never read ahead: the tests' process asks `next` for
+each item, so an endless or lazy one behaves as it would in one process.
 
 What the request's code did besides answering — wrote to sys.stdout / sys.stderr,
 logged, warned — rides along as ["e", events, answer], the events in the order they
@@ -185,16 +199,16 @@ def _builtin_ancestor(cls):
 
 def _describe(obj):
     """The answer for `obj`: itself if it is plain data, else a reference."""
+    if type(obj) is _Trusted:  # one of the test's objects: named by its id
+        return ["t", object.__getattribute__(obj, "_tid")]
+    if hasattr(type(obj), "__next__"):  # an iterator stays here, read one item a time
+        return _reference(obj, "iterator")
     try:
         codec.encode(obj)  # exact builtin types only, within the limits
         return ["v", obj]
     except (codec.CodecError, RecursionError):
         pass
-    ref = _refs.get(id(obj))
-    if ref is None:
-        ref = len(_objects) + 1
-        _objects[ref] = obj
-        _refs[id(obj)] = ref
+    ref = _ref(obj)
     if isinstance(obj, type(sys)):
         return ["r", ref, "module", str(obj.__name__), []]
     if isinstance(obj, type) and issubclass(obj, BaseException):
@@ -210,6 +224,19 @@ def _describe(obj):
     return ["r", ref, "callable" if callable(obj) else "object", _name(type(obj)), []]
 
 
+def _ref(obj):
+    ref = _refs.get(id(obj))
+    if ref is None:
+        ref = len(_objects) + 1
+        _objects[ref] = obj
+        _refs[id(obj)] = ref
+    return ref
+
+
+def _reference(obj, kind):
+    return ["r", _ref(obj), kind, _name(type(obj)), []]
+
+
 def _name(cls):
     return "%s.%s" % (cls.__module__, cls.__qualname__)
 
@@ -217,7 +244,106 @@ def _name(cls):
 def _arg(a):
     if a[0] == "r":
         return _objects[a[1]]
+    if a[0] == "t":
+        return _trusted(a[1])
+    if a[0] == "b":
+        obj = importlib.import_module(a[1])
+        for part in a[2].split("."):
+            obj = getattr(obj, part)
+        return obj
     return a[1]
+
+
+_trusted_objects = {}
+
+
+def _trusted(tid):
+    if tid not in _trusted_objects:
+        _trusted_objects[tid] = _Trusted(tid)
+    return _trusted_objects[tid]
+
+
+def _callback(tid, op, args, kwargs=None):
+    """Ask the tests' process to apply `op` to its object `tid`; serve what it asks of
+    us meanwhile; return its answer or raise what it raised."""
+    global _events
+    request = ["cb", tid, op, [_describe(a) for a in args],
+               {str(k): _describe(v) for k, v in (kwargs or {}).items()}]
+    if _events:  # what was printed, logged, warned before the call comes first
+        request = ["e", _events, request]
+    if _events is not None:
+        _events = []
+    send(request)
+    while True:
+        msg = recv()
+        if msg is None:
+            os._exit(0)  # the tests' process is gone: nothing left to answer
+        if msg[0] == "ret":
+            reply = msg[1]
+            if reply[0] == "x":
+                cls = getattr(builtins, reply[1], None)
+                if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                    cls = RuntimeError
+                try:
+                    exc = cls(reply[3])
+                except Exception:
+                    exc = RuntimeError(reply[3])
+                raise exc
+            return _arg(reply)
+        serve(msg)
+
+
+class _Trusted:
+    """One of the test's objects, left in the tests' process: using it asks there."""
+
+    __slots__ = ("_tid",)
+
+    def __init__(self, tid):
+        object.__setattr__(self, "_tid", tid)
+
+    def __call__(self, *args, **kwargs):
+        return _callback(self._tid, "call", args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _callback(object.__getattribute__(self, "_tid"), "getattr", (name,))
+
+    def __iter__(self):
+        return _callback(self._tid, "iter", ())
+
+    def __next__(self):
+        return _callback(self._tid, "next", ())
+
+    def __len__(self):
+        return _callback(self._tid, "len", ())
+
+    def __bool__(self):
+        return _callback(self._tid, "bool", ())
+
+    def __getitem__(self, key):
+        return _callback(self._tid, "getitem", (key,))
+
+    def __contains__(self, item):
+        return _callback(self._tid, "contains", (item,))
+
+    def __setitem__(self, key, value):
+        _callback(self._tid, "setitem", (key, value))
+
+    def __delitem__(self, key):
+        _callback(self._tid, "delitem", (key,))
+
+    def __hash__(self):
+        return _callback(self._tid, "hash", ())
+
+    def __eq__(self, other):
+        return self is other
+
+    def __str__(self):
+        return _callback(self._tid, "str", ())
+
+    def __repr__(self):
+        return _callback(self._tid, "repr", ())
 
 
 def _raised(e):
@@ -264,7 +390,16 @@ def main():
         msg = recv()
         if msg is None:
             return
-        _events, _text[0] = [], 0
+        serve(msg)
+
+
+def serve(msg):
+    """Answer one request (at the top, or inside a callback: what was being recorded for
+    the request outside it is kept aside meanwhile)."""
+    global _events
+    outer, outer_text = _events, _text[0]
+    _events, _text[0] = [], 0
+    try:
         try:
             if msg[0] == "op" and msg[2] == "iter":  # the items, each described
                 answer = ["l", [_describe(x) for x in handle(msg)]]
@@ -272,13 +407,14 @@ def main():
                 answer = _describe(handle(msg))
         except BaseException as e:  # the candidate's code raised: its answer
             answer = _raised(e)
-        events, _events = _events, None
-        if events:
-            answer = ["e", events, answer]
-        try:
-            send(answer)
-        except BaseException as e:
-            send(["x", "RuntimeError", None, "the answer could not be sent: %s" % e])
+        if _events:
+            answer = ["e", _events, answer]
+    finally:
+        _events, _text[0] = outer, outer_text
+    try:
+        send(answer)
+    except BaseException as e:
+        send(["x", "RuntimeError", None, "the answer could not be sent: %s" % e])
 
 
 if __name__ == "__main__":
