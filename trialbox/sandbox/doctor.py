@@ -130,7 +130,8 @@ async def check_namespace() -> TierReport:
         await pool.close()
     if why:
         return TierReport("namespace", False, why, "run as root on Linux with cgroup "
-                          "memory, pids, cpu controllers (v1, or v2 with them enabled)")
+                          "memory, pids, cpu controllers (v1, or v2 with them enabled) "
+                          "and overlayfs (modprobe overlay)")
     return TierReport("namespace", True, detail=f"probe {time.monotonic() - t:.2f} s")
 
 
