@@ -300,7 +300,24 @@ ATTACKS = [
          "def f(x):\n    return It()\n", ("assert candidate(1) == [1]",), True),
 ]
 
-AGREE = RETURNS + KEYWORDS + IN_PLACE + CONTROL_FLOW
+# -- 5. printing is not the answer: correct code that prints a lot still passes ----------
+# (found by the differential corpus, seed 1: a HumanEval/36 variant printing each step
+# past the sandbox's 1 MiB output limit was killed and scored 0)
+
+OUTPUT = [
+    ok("prints 2 MB while it works",
+       "def f(n):\n    for i in range(n):\n        print('step', i, 'x' * 20)\n"
+       "    return n\n", "assert candidate(60000) == 60000"),
+    ok("writes bytes to sys.stdout.buffer and stderr",
+       "import sys\ndef f(n):\n    for i in range(n):\n"
+       "        sys.stdout.buffer.write(b'.' * 100)\n        sys.stderr.write('e' * 100)\n"
+       "    sys.stdout.flush()\n    return 1\n", "assert candidate(30000) == 1"),
+    wrong("prints a lot and is wrong",
+          "def f(n):\n    print('y' * 3_000_000)\n    return n + 1\n",
+          "assert candidate(3) == 3"),
+]
+
+AGREE = RETURNS + KEYWORDS + IN_PLACE + CONTROL_FLOW + OUTPUT
 
 
 @pytest.mark.parametrize("case", AGREE, ids=[c.name for c in AGREE])

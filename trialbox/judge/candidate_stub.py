@@ -19,6 +19,7 @@ Standalone: imports nothing from trialbox (it is copied into the sandbox).
 """
 
 import base64
+import io
 import json
 import math
 import os
@@ -209,7 +210,62 @@ def _read_source():
         os.close(fd)
 
 
+OUTPUT_KEPT = 256 << 10
+"""Characters of each of stdout and stderr the candidate's prints reach the sandbox's
+output with; past it they are dropped. A function's printing is not its answer (nor
+evidence: only the detectors read it), so correct code that prints a lot must not end
+at the sandbox's output limit (Limits.output_bytes) — in the ordinary harness it
+prints without one."""
+
+
+class _Bounded(io.TextIOBase):
+    """sys.stdout / sys.stderr for the candidate's code: the first OUTPUT_KEPT
+    characters pass to the real stream, the rest is counted and dropped."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._left = OUTPUT_KEPT
+        self.buffer = _BoundedBytes(self)
+
+    def writable(self):
+        return True
+
+    @property
+    def encoding(self):
+        return getattr(self._stream, "encoding", "utf-8")
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError("write() argument must be str, not %s" % type(text).__name__)
+        if self._left > 0:
+            kept = text[:self._left]
+            self._left -= len(kept)
+            self._stream.write(kept)
+            if self._left <= 0:
+                self._stream.write("\n[trialbox: output past %d characters dropped]\n"
+                                   % OUTPUT_KEPT)
+        return len(text)
+
+    def flush(self):
+        self._stream.flush()
+
+
+class _BoundedBytes:
+    """`sys.stdout.buffer`: bytes written count against the same budget."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def write(self, data):
+        self._owner.write(bytes(data).decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self):
+        self._owner.flush()
+
+
 def main():
+    sys.stdout, sys.stderr = _Bounded(sys.stdout), _Bounded(sys.stderr)
     entry = sys.argv[1]
     namespace = {"__name__": "solution", "__file__": "/workspace/solution.py"}
     try:
