@@ -32,13 +32,14 @@ from types import TracebackType
 from trialbox.errors import SandboxStartError, SandboxUnavailable
 
 NODE_BASE = 2_000_000
-"""First uid of the node's grid (above every real user and clear of the container
-tier's uids: OciConfig.uid_base)."""
+"""First uid of the node's grid (above every real user, and of the fixed ranges earlier
+versions of both tiers used: 1,000,000 and 1,100,000)."""
 BLOCK = 65_536
 """Uids per block: a user namespace's usual range."""
 MAX_UID = 1_000_000_000
-"""The grid ends below this (15,228 blocks): clear of the container tier's slots, which
-start at 1,500,000,000, and of 2**31 (some tools read uids as signed numbers)."""
+"""The grid ends below this (15,228 blocks): far below 2**31 (some tools read uids as
+signed numbers). The namespace tier leases a block per pool, the container tier one
+per session: both from this grid."""
 LEASE_DIR = "/run/trialbox-uids"
 """One lock file per block; /run is emptied at boot, when no lease can be alive."""
 HELD, FREE = b"held", b"free"
