@@ -465,3 +465,35 @@ def test_a_uevent_socket_is_refused_and_netlink_route_works(runner):
     assert r.status.value == "ok", r.stderr[-2000:]
     assert json.loads(r.stdout) == {"refused": "EPROTONOSUPPORT", "route": True,
                                     "ifaddrs": ["lo"]}, r.stdout
+
+
+STDIN_WATCHER = """
+import ctypes, fcntl, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_NONBLOCK | os.O_APPEND)
+fd = libc.inotify_init1(os.O_NONBLOCK)
+assert libc.inotify_add_watch(fd, b'/proc/self/fd/0', 0x1 | 0x2 | 0x20) >= 0
+os.write(3, b'r')
+os.read(3, 1)
+try:
+    n = len(os.read(fd, 65536))
+except BlockingIOError:
+    n = 0
+print(json.dumps({'events': n, 'eof': os.read(0, 10) == b''}))
+"""
+
+
+def test_a_runs_empty_stdin_is_its_own(runner):
+    """A run without input: its stdin is a file of its own (before: a dup of the pool's
+    one open host /dev/null, so a watch on /proc/self/fd/0 saw the host's writes to
+    /dev/null, and flags set on it with F_SETFL showed in every other session's stdin)."""
+    async def during():
+        with open("/dev/null", "w") as f:
+            f.write("x")
+        return await _sibling(runner, "import fcntl, os\n"
+                                      "print(bool(fcntl.fcntl(0, fcntl.F_GETFL)"
+                                      " & (os.O_NONBLOCK | os.O_APPEND)), os.read(0, 9))\n")
+    r, sibling = runner.run(_while_held(runner, STDIN_WATCHER, during))
+    assert r.status.value == "ok", r.stderr[-2000:]
+    assert json.loads(r.stdout) == {"events": 0, "eof": True}, r.stdout
+    assert (sibling.status.value, sibling.stdout) == ("ok", b"False b''\n"), sibling.stderr

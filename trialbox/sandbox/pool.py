@@ -167,7 +167,6 @@ class CellPool:
         """What every run's environment starts from: BASE_ENV and an image's [env]."""
         self.python_names: frozenset[str] = frozenset()
         self.recycles = False  # may a cleanly closed session's cell serve another (start)
-        self.devnull = -1
         self.zygote = Zygote(self.dir, self.config.python)
         """The pool's zygote process (zygote_client.py); a new one when it dies."""
         self._ready: deque[Cell] = deque()
@@ -232,7 +231,6 @@ class CellPool:
             self.runtime = system_runtime(self.config.python)
         self.python_names = frozenset({"python", "python3", self.runtime.python,
                                        os.path.realpath(self.runtime.python)})
-        self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         raise_fd_limit()  # before the capacity, which the descriptor limit bounds
         self.admission = Admission(
             derive_capacity(self.config.capacity, self.config.session_memory_mb,
@@ -400,9 +398,6 @@ class CellPool:
         for mp in mounts.mounts_under(self.dir):
             mounts.umount(mp)
         shutil.rmtree(self.dir, ignore_errors=True)
-        if self.devnull >= 0:
-            os.close(self.devnull)
-            self.devnull = -1
         if self.uids is not None:  # last: every process that ran as them is gone
             self.uids.close()
 

@@ -143,14 +143,15 @@ class Run:
             except OverBudget as e:
                 return self._over_budget(e)
             self.disk_used0 = self._disk_used()
+            # stdin is a file of this run's own, empty when there is no input. It was a
+            # dup of the pool's one open /dev/null: the host's inode (a watch on
+            # /proc/self/fd/0 saw the host's writes to /dev/null) and one open file
+            # shared by every run (flags set with F_SETFL showed in other sessions').
+            stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            fds.append(stdin_fd)
             if self.stdin:
-                stdin_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-                fds.append(stdin_fd)
                 os.write(stdin_fd, self.stdin)
                 os.lseek(stdin_fd, 0, os.SEEK_SET)
-            else:
-                stdin_fd = os.dup(self.pool.devnull)  # shared /dev/null, our copy closed below
-                fds.append(stdin_fd)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             err_r, err_w = os.pipe2(os.O_CLOEXEC)
             fds += [out_w, err_w]
