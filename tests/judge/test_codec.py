@@ -732,7 +732,9 @@ def test_codec_is_one_standard_library_file_without_dangerous_names():
     words = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     words |= {node.arg for node in ast.walk(tree) if isinstance(node, ast.keyword)}
     assert not (called | words) & {"pickle", "marshal", "object_hook", "cls"}
-    assert len(CODEC_FILE.read_text().splitlines()) < 400  # kept small enough to audit
+    # kept small enough to audit: ~400 lines of encode/decode, plus `assign` (~50 lines
+    # run only on the trusted side, shared by the harness and the repository proxy)
+    assert len(CODEC_FILE.read_text().splitlines()) < 460
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -390,3 +390,30 @@ def test_a_handle_reaches_nothing_else_of_the_tests_process(runner, escape):
     # refused for the reason the rule gives, not by accident
     assert any(why in g.message for why in ("AttributeError", "broke the protocol")), \
         g.message
+
+
+# In place: a call that changes a list, dict or set the test passed changes the test's
+# own object, as in one process — so an answer that fills an output argument passes, and
+# a wrong one that mutates its input is caught by the test that checks the input after.
+PLACE_TESTS = (b"from p import core\n\n\n"
+               b"def test_fills_the_given_list():\n    out = []\n    inner = [9]\n"
+               b"    box = {'xs': inner}\n    core.collect(out, 3)\n    core.tag(box)\n"
+               b"    assert out == [0, 1, 2] and box == {'xs': [9, 'seen'], 'tagged': True}\n"
+               b"    assert box['xs'] is inner\n\n\n"
+               b"def test_leaves_its_input_alone():\n    data = [3, 1, 2]\n"
+               b"    assert core.sorted_copy(data) == [1, 2, 3]\n    assert data == [3, 1, 2]\n")
+PLACE_GOOD = ("def collect(out, n):\n    out.extend(range(n))\n\n\n"
+              "def tag(box):\n    box['xs'].append('seen')\n    box['tagged'] = True\n\n\n"
+              "def sorted_copy(xs):\n    return sorted(xs)\n")
+PLACE_WRONG = PLACE_GOOD.replace("    return sorted(xs)\n", "    xs.sort()\n    return xs\n")
+PLACE_TASK = Task("place", TaskKind.REPO, prompt="Implement p.core.",
+                  files=(("p/__init__.py", b""), ("p/core.py", b"")),
+                  test_files=(("tests/test_p.py", PLACE_TESTS),), test_command=("pytest",))
+
+
+@pytest.mark.parametrize("config", [FAST, IN_PROCESS], ids=["trusted", "in-process"])
+def test_changes_in_place_reach_the_tests_objects(runner, config):
+    good = runner.run(judge_repo(PLACE_TASK, {"p/core.py": PLACE_GOOD}, runner.pool, config))
+    assert good.outcome is Outcome.PASSED, (good.message, good.tests)
+    bad = runner.run(judge_repo(PLACE_TASK, {"p/core.py": PLACE_WRONG}, runner.pool, config))
+    assert _failed(bad) == {"test_leaves_its_input_alone"}, bad.tests

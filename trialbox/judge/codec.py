@@ -383,3 +383,65 @@ def _read_int(text: str) -> int:
 
 
 _read_json = json.JSONDecoder(parse_int=_read_int, object_pairs_hook=tuple).decode  # made once
+
+
+# ------------------------------------------------------------------ in-place changes
+# A call that changed an argument in place (a list appended to, a dict filled) did so to
+# the callee's copy: the harness (function tasks) and the repository proxy put the change
+# back on the test's own object, as an in-process call would have left it.
+
+_MUTABLE = (list, dict, set, bytearray, deque)
+_CONTAINERS = (*_MUTABLE, tuple)
+
+
+def assign(old: Any, new: Any) -> bool:
+    """Make the test's container `old` equal `new` in place, keeping the containers in
+    it that `_keep` can keep (a test may hold one: `row = grid[0]`). False if no call
+    could have turned `old` into `new` in place."""
+    if isinstance(old, tuple):  # only what it holds can have changed (a namedtuple
+        return isinstance(new, tuple) and len(old) == len(new) and all(  # arrives as
+            map(_keep, old, new))  # the codec's class of that name)
+    if type(old) is not type(new) or not isinstance(old, _MUTABLE):
+        return False
+    if isinstance(old, (set, bytearray, deque)):
+        if not _equal(old, new):
+            old.clear()
+            if isinstance(old, set):
+                old.update(new)
+            else:
+                old.extend(new)
+        return True
+    if type(old) is list:
+        if len(old) == len(new):
+            for i, v in enumerate(new):
+                if not _keep(old[i], v):
+                    old[i] = v
+        else:  # appended to, popped...: what stays at a position keeps its identity
+            old[:] = [old[i] if i < len(old) and _keep(old[i], v) else v
+                      for i, v in enumerate(new)]
+        return True
+    assert isinstance(old, dict)  # the other mutable types were handled above
+    if list(old) == list(new):
+        for k, v in new.items():
+            if not _keep(old[k], v):
+                old[k] = v
+    else:  # keys added, removed or reordered: the values kept where they can be
+        kept = {k: old[k] if k in old and _keep(old[k], v) else v for k, v in new.items()}
+        old.clear()
+        old.update(kept)
+    return True
+
+
+def _keep(a: Any, b: Any) -> bool:
+    """Whether `a` may stay where `b` is now: it is `b`, equal to it, or a container
+    made equal to it in place."""
+    return a is b or _equal(a, b) or isinstance(a, _CONTAINERS) and assign(a, b)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Equal as the same kind of value (NaN equal to NaN); both trusted values."""
+    try:
+        return (type(a) is type(b) or isinstance(a, tuple) and isinstance(b, tuple)) and (
+            bool(a == b) or a != a and b != b)
+    except Exception:  # e.g. a signalling Decimal NaN
+        return False

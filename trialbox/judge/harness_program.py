@@ -351,8 +351,6 @@ class _Channel:
 
 
 _SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
-_MUTABLE = (list, dict, set, bytearray, collections.deque)
-_CONTAINERS = (*_MUTABLE, tuple)
 
 
 def _apply_changes(args, kwargs, changes):
@@ -369,56 +367,9 @@ def _apply_changes(args, kwargs, changes):
                 old = kwargs[key]
             else:
                 old = _MISSING
-            if old is not _MISSING and _assign(old, new):
+            if old is not _MISSING and codec.assign(old, new):
                 continue
         raise CandidateError("malformed answer: a change to an argument no call could make")
-
-
-def _assign(old, new):
-    """Make the test's container `old` equal `new` in place, keeping the containers in
-    it that `_keep` can keep (a test may hold one: `row = grid[0]`). False if no call
-    could have turned `old` into `new` in place."""
-    if isinstance(old, tuple):  # only what it holds can have changed (a namedtuple
-        return isinstance(new, tuple) and len(old) == len(new) and all(  # arrives as
-            map(_keep, old, new))  # the codec's class of that name)
-    if type(old) is not type(new) or not isinstance(old, _MUTABLE):
-        return False
-    if isinstance(old, (set, bytearray, collections.deque)):
-        if not _equal(old, new):
-            old.clear()
-            if type(old) is set:
-                old.update(new)
-            else:
-                old.extend(new)
-        return True
-    keys = range(len(new)) if type(old) is list else new.keys()
-    if len(old) != len(new) or type(old) is not list and list(old) != list(keys):
-        old.clear()  # another length, other keys or another order: filled again
-        if type(old) is list:
-            old.extend(new)
-        else:
-            for k in keys:
-                old[k] = new[k]
-        return True
-    for k in keys:
-        if not _keep(old[k], new[k]):
-            old[k] = new[k]
-    return True
-
-
-def _keep(a, b):
-    """Whether `a` may stay where `b` is now: it is `b`, equal to it, or a container
-    made equal to it in place."""
-    return a is b or _equal(a, b) or isinstance(a, _CONTAINERS) and _assign(a, b)
-
-
-def _equal(a, b):
-    """Equal as the same kind of value (NaN equal to NaN); both trusted values."""
-    try:
-        return (type(a) is type(b) or isinstance(a, tuple) and isinstance(b, tuple)) and (
-            bool(a == b) or a != a and b != b)
-    except Exception:  # e.g. a signalling Decimal NaN
-        return False
 
 
 class TestDataError(Exception):

@@ -173,13 +173,18 @@ _exc_classes = {}  # ref -> local stand-in exception class
 _REPO_TOPS = set()
 
 
-def _answer(reply):
-    """The value an answer stands for, raising what the candidate's code raised."""
+def _answer(reply, call=None):
+    """The value an answer stands for, raising what the candidate's code raised. `call`
+    is the (args, kwargs) of the call answered, whose by-value arguments the answer may
+    say it changed in place."""
     if type(reply) is not list or not reply:
         raise _CandidateGone("the candidate's process broke the protocol")
     tag = reply[0]
     if tag == "e" and len(reply) == 3 and type(reply[1]) is list:
         _replay(reply[1])
+        return _answer(reply[2], call)
+    if tag == "m" and len(reply) == 3 and type(reply[1]) is list and call is not None:
+        _put_back(reply[1], *call)
         return _answer(reply[2])
     if tag == "v" and len(reply) == 2:
         return reply[1]
@@ -193,6 +198,28 @@ def _answer(reply):
     if tag == "x" and len(reply) == 4 and type(reply[1]) is str and type(reply[3]) is str:
         raise _exception(reply[1], reply[2], reply[3])
     raise _CandidateGone("the candidate's process broke the protocol")
+
+
+def _put_back(changes, args, kwargs):
+    """Give the test's own argument objects the state the candidate's call left its
+    copies in, as one process would have (codec.assign keeps the containers inside that
+    it can). A change no call could make is a broken protocol."""
+    for change in changes:
+        if type(change) is list and len(change) == 2:
+            key, new = change
+            if type(key) is int and 0 <= key < len(args):
+                old = args[key]
+            elif type(key) is str and key in kwargs:
+                old = kwargs[key]
+            else:
+                old = _NOTHING
+            if old is not _NOTHING and not isinstance(old, (Remote, _RemoteInstance)) \
+                    and codec.assign(old, new):
+                continue
+        raise _CandidateGone("the candidate's process broke the protocol")
+
+
+_NOTHING = object()
 
 
 def _replay(events):
@@ -446,8 +473,10 @@ class Remote:
         _ask("setattr", object.__getattribute__(self, "_tb_ref"), name, _arg(value))
 
     def __call__(self, *args, **kwargs):
-        return _ask("call", object.__getattribute__(self, "_tb_ref"),
-                    [_arg(a) for a in args], {str(k): _arg(v) for k, v in kwargs.items()})
+        reply = _CHANNEL.ask(["call", object.__getattribute__(self, "_tb_ref"),
+                              [_arg(a) for a in args],
+                              {str(k): _arg(v) for k, v in kwargs.items()}])
+        return _answer(reply, (args, kwargs))
 
     def __repr__(self):
         return "<the candidate's %s %s>" % (object.__getattribute__(self, "_tb_name"),

@@ -36,6 +36,10 @@ a reference of kind `coroutine`; the `await` op runs it to completion here. An i
 is a reference of kind `iterator`, never read ahead: the tests' process asks `next` for
 each item, so an endless or lazy one behaves as it would in one process.
 
+A call that changed an argument it was sent by value in place (a list appended to)
+answers ["m", [[position or keyword, value now], ...], answer]: the tests' process
+gives the test's own object that state, as one process would have left it.
+
 What the request's code did besides answering — wrote to sys.stdout / sys.stderr,
 logged, warned — rides along as ["e", events, answer], the events in the order they
 happened: ["out" | "err", text], ["log", logger, levelno, levelname, message, pathname,
@@ -52,6 +56,7 @@ tests pass. Standalone: imports nothing from trialbox (it is copied into the san
 
 import asyncio
 import builtins
+import collections
 import importlib
 import inspect
 import io
@@ -77,6 +82,24 @@ _OPS = {
     "isinstance": lambda c, o: isinstance(o, c), "issubclass": lambda c, o: issubclass(o, c),
     "methods": lambda c: [n for n in dir(c) if callable(getattr(c, n, None))],
 }
+_CHANGEABLE = (list, dict, set, bytearray, tuple, collections.deque)
+_changes = []  # what the last call changed in the arguments it was sent by value
+
+
+def _changed(sent):
+    """[[position or keyword, value now], ...] for each argument the call changed in
+    place. One that now holds what cannot cross as plain data (an object of the
+    candidate's) is left out: the test's copy keeps its old state."""
+    out = []
+    for key, value, before in sent:
+        try:
+            if codec.encode(value) != before:
+                out.append([key, value])
+        except (codec.CodecError, RecursionError):
+            pass
+    return out
+
+
 MAX_TEXT = 4 << 20  # characters of stdout + stderr one request may send back
 _events = None  # what the running request wrote, logged and warned (None: no request)
 _text = [0]
@@ -369,7 +392,16 @@ def handle(msg):
         setattr(target, msg[2], _arg(msg[3]))
         return None
     if what == "call":
-        return target(*[_arg(a) for a in msg[2]], **{k: _arg(a) for k, a in msg[3].items()})
+        args = [_arg(a) for a in msg[2]]
+        kwargs = {k: _arg(a) for k, a in msg[3].items()}
+        sent = [(i, args[i], codec.encode(args[i])) for i, a in enumerate(msg[2])
+                if a[0] == "v" and type(a[1]) in _CHANGEABLE]
+        sent += [(k, kwargs[k], codec.encode(kwargs[k])) for k, a in msg[3].items()
+                 if a[0] == "v" and type(a[1]) in _CHANGEABLE]
+        try:
+            return target(*args, **kwargs)
+        finally:
+            _changes[:] = _changed(sent)
     if what == "op":
         return _OPS[msg[2]](target, *[_arg(a) for a in msg[3]])
     raise ValueError("unknown request %r" % (what,))
@@ -400,6 +432,7 @@ def serve(msg):
     outer, outer_text = _events, _text[0]
     _events, _text[0] = [], 0
     try:
+        del _changes[:]
         try:
             if msg[0] == "op" and msg[2] == "iter":  # the items, each described
                 answer = ["l", [_describe(x) for x in handle(msg)]]
@@ -407,6 +440,9 @@ def serve(msg):
                 answer = _describe(handle(msg))
         except BaseException as e:  # the candidate's code raised: its answer
             answer = _raised(e)
+        if _changes:  # the call changed arguments in place: their new state
+            answer = ["m", list(_changes), answer]
+            del _changes[:]
         if _events:
             answer = ["e", _events, answer]
     finally:
