@@ -16,7 +16,8 @@ Shared state lives on `app.state` (see `ServiceState` in state.py for every fiel
 Layers, outermost first: `Guard` (auth, body size, per-client rate limit, the request's
 deadline, response counting; guard.py) → the routes (every sandbox-using one through
 the journaled scheduler at the interactive priority; admission.py): `/healthz`, `/readyz`, native
-`/v1` (v1.py), SandboxFusion-compatible `/run_code` (fusion.py). Errors become JSON
+`/v1` (v1.py), SandboxFusion-compatible `/run_code` (fusion.py), the E2B SDK's
+`/sandboxes` and envd API (e2b.py, e2b_envd.py). Errors become JSON
 bodies `{"error": kind, "message": …, "field": …}` (errors.py): a caller's mistake is
 4xx, broken machinery 503 with Retry-After, an expired deadline 504.
 """
@@ -33,7 +34,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from trialbox.sandbox.base import SandboxProvider
-from trialbox.service import dashboard, errors, fusion, jupyter, v1
+from trialbox.service import dashboard, e2b, errors, fusion, jupyter, v1
 from trialbox.service.config import ServiceConfig
 from trialbox.service.guard import Guard
 from trialbox.service.state import ServiceState
@@ -121,6 +122,7 @@ def create_app(config: ServiceConfig | None = None,
     app.include_router(v1.router)
     app.include_router(fusion.router)
     app.include_router(jupyter.router)
+    e2b.install(app, state)  # the E2B SDK's control API and envd API (e2b.py, e2b_envd.py)
     app.add_middleware(Guard, state=state)
 
     # -- telemetry and dashboard mount here (telemetry owner) --

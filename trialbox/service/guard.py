@@ -188,9 +188,13 @@ class Guard:
                                                     "message": why})
                 return
 
-        if config.token and not exempt:
+        own_auth = any(path == p or (p.endswith("/") and path.startswith(p))
+                       for p in state.own_auth_paths)
+        if config.token and not exempt and not own_auth:
             given = headers.get("authorization", "")
             scheme, _, value = given.partition(" ")
+            if "x-api-key" in headers:  # the E2B SDK's carrier of the same token
+                scheme, value = "bearer", headers["x-api-key"]
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                     value.strip().encode(), config.token.encode()):
                 counters.rejected["auth"] += 1

@@ -65,6 +65,9 @@ class Session:
     lost: str = ""
     """Set when the cluster node holding the sandbox was lost (--backend ray): every
     later call answers this (503 `infra`); only closing it is left."""
+    expires: float | None = None
+    """A `time.monotonic()` instant past which the reaper closes it, used or not (an
+    E2B sandbox's timeout, e2b.py); when set, `session_idle_s` does not apply."""
 
 
 class Sessions:
@@ -118,9 +121,11 @@ class Sessions:
         return self._by_id.pop(sid, None)
 
     def idle(self) -> list[Session]:
-        """Sessions unused for longer than `idle_s` (and not busy), removed from the set."""
-        cutoff = time.monotonic() - self.idle_s
-        old = [s for s in self._by_id.values() if s.last_used < cutoff and not s.lock.locked()]
+        """Sessions unused for longer than `idle_s`, or past their `expires`, and not
+        busy, removed from the set."""
+        now = time.monotonic()
+        old = [s for s in self._by_id.values() if not s.lock.locked() and (
+            s.expires < now if s.expires is not None else s.last_used < now - self.idle_s)]
         for s in old:
             del self._by_id[s.id]
         return old
@@ -214,6 +219,10 @@ class ServiceState:
     (`/readyz`)."""
     open_paths: list[str] = field(default_factory=list)
     """Path prefixes served without the bearer token (besides /healthz, /readyz)."""
+    own_auth_paths: list[str] = field(default_factory=list)
+    """Paths (exact; a prefix when it ends in `/`) whose routes check a credential of
+    their own instead of the bearer token: the E2B envd API, where each sandbox has its
+    access token (e2b_envd.py). Every other Guard check still applies."""
     grader: Any = None
     """Where submissions are graded when not on `provider`: `--backend ray`'s
     `cluster.serving.ClusterGrader` (`grade(task, answer, language)`, `status()`)."""
