@@ -6,6 +6,10 @@
                                                         every transition, turn, grade and
                                                         the result of that task
     trialbox tasks export run-1 --db run.db --to DIR_OR_URL [--format jsonl|parquet]
+    trialbox tasks from-sdist toolz-1.0.0.tar.gz --out pack/ [--mutants N] [--seed S]
+                  [--tier trusted|in-process]   repository tasks from a project's sdist:
+                                                its tests, AST mutants, validated
+                                                (judge/factory.py, docs/taskpacks.md)
 
 `--db` defaults to $TRIALBOX_JOURNAL, then `trialbox.db`. Unknown runs or tasks, a
 missing or corrupt journal: a one-line error saying what to change (exit 2 for a wrong
@@ -58,6 +62,64 @@ def add_parser(sub: Any) -> None:
     ck.add_argument("--workers", type=int, default=4, help="tasks checked at once")
     ck.add_argument("--json", action="store_true", help="one JSON object per task")
     ck.set_defaults(handler=check_main)
+    fs = tsub.add_parser(
+        "from-sdist", help="build repository tasks from source distributions (a project's "
+        "own tests, bugs injected by AST mutation, each validated by the judge)",
+        description="For each SDIST (a .tar.gz as `pip download --no-binary :all: "
+        "--no-deps NAME==VERSION` writes it): grade the unmodified project's own tests "
+        "--baseline-runs times on --tier and keep the tests that pass every time; inject "
+        "bugs by AST mutation (comparison and operator swaps, off-by-one, a dropped "
+        "statement, swapped arguments, return None), deterministic from --seed; keep a "
+        "mutant when >= 1 graded test fails and >= 1 still passes, and it fails the same "
+        "tests a second time. Writes OUT/tasks.jsonl (repository rows `trialbox eval "
+        "--tasks` loads) and OUT/manifest.json (fail_to_pass, pass_to_pass, the "
+        "mutation, the tier, the dropped tests and why). What it does not do yet: "
+        "docs/taskpacks.md.")
+    fs.add_argument("sdist", nargs="+", help="source distribution(s), .tar.gz")
+    fs.add_argument("--out", required=True, help="a new or empty directory for the pack")
+    fs.add_argument("--mutants", type=int, default=5,
+                    help="validated tasks wanted per project (default 5)")
+    fs.add_argument("--tries", type=int, default=0,
+                    help="mutants graded per project at most (default 10 x --mutants)")
+    fs.add_argument("--seed", type=int, default=0, help="picks the mutants (default 0)")
+    fs.add_argument("--tier", choices=["trusted", "in-process"], default="trusted",
+                    help="the repository judge's tier the tests are graded on (default "
+                    "trusted, the tier `trialbox eval` grades on)")
+    fs.add_argument("--baseline-runs", type=int, default=3,
+                    help="gradings of the unmodified project; a test passing in all is "
+                    "graded (default 3)")
+    fs.add_argument("--workers", type=int, default=2, help="mutants graded at once")
+    fs.set_defaults(handler=from_sdist_main)
+
+
+def from_sdist_main(args: argparse.Namespace) -> int:
+    """`trialbox tasks from-sdist`: a pack; prints one JSON line per project (figures),
+    exit 1 when no task could be built."""
+    import asyncio
+    import sys
+    import time
+
+    from trialbox.judge.factory import FactoryConfig, build_pack
+    from trialbox.judge.provider import judge_provider
+    config = FactoryConfig(mutants=args.mutants, tries=args.tries, seed=args.seed,
+                           tier=args.tier, baseline_runs=args.baseline_runs,
+                           workers=args.workers)
+
+    def log(line: str) -> None:
+        print(f"trialbox: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+    async def run() -> Any:
+        async with judge_provider("namespace", warm=2 * config.workers) as pool:
+            return await build_pack(args.sdist, args.out, pool, config, log)
+    reports = asyncio.run(run())
+    for r in reports:
+        print(json.dumps({"project": r.project, "version": r.version, "tier": r.tier,
+                          "graded_tests": len(r.graded), "dropped_tests": len(r.dropped),
+                          "mutation_sites": r.sites, "mutants_tried": r.tried,
+                          "tasks": len(r.tasks), "build_s": round(r.seconds, 1),
+                          "s_per_task": round(r.seconds / len(r.tasks), 1)
+                          if r.tasks else None, "load_avg_1m": os.getloadavg()[0]}))
+    return 0 if any(r.tasks for r in reports) else 1
 
 
 def check_main(args: argparse.Namespace) -> int:
