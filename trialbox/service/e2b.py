@@ -89,6 +89,8 @@ class E2BSandbox:
     """Process ids handed to the SDK (not the sandbox's own pids)."""
     running: dict[int, list[str]] = field(default_factory=dict)
     """The command (argv) of each process started and not yet ended, by pid."""
+    killed: set[int] = field(default_factory=set)
+    """Processes a SendSignal named; one whose run had not begun is never run."""
 
     def token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.access_token.encode())
@@ -302,12 +304,13 @@ async def refresh(sid: str, request: Request) -> Response:
 async def pause(sid: str, request: Request) -> Response:
     """Park the session: its files stay, its compute goes back to the pool. Nothing runs
     in a trialbox session between commands, so no process is lost: a command still
-    running is refused (409) rather than killed. The timeout keeps counting."""
+    running is refused (400) rather than killed. The timeout keeps counting."""
     box, session = _found(request, sid)
     if box.paused:
         raise E2BError(409, f"sandbox {sid} is already paused")
     if session.lock.locked() or box.running:
-        raise E2BError(409, f"sandbox {sid} is running a command; processes do not survive "
+        # not 409: the SDK reads a 409 as "already paused" and returns False
+        raise E2BError(400, f"sandbox {sid} is running a command; processes do not survive "
                        "a pause here (no checkpoint/restore): wait for it or kill it first")
     async with session.lock:
         await session.sandbox.park()

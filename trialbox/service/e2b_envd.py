@@ -155,18 +155,24 @@ class Envd:
 
     async def run(self, box: E2BSandbox, session: Session, argv: list[str],
                   env: dict[str, str] | None = None, cwd: str = WORKSPACE,
-                  limits: Limits | None = None) -> ExecResult:
-        """One command in the session, as `/v1/sessions/{id}/exec` runs it."""
+                  limits: Limits | None = None, pid: int | None = None) -> ExecResult:
+        """One command in the session, as `/v1/sessions/{id}/exec` runs it; not run
+        when process `pid` was killed while it waited for the session."""
         from starlette.requests import Request
 
         from trialbox.service.v1 import _in_session
         request = Request(_scope.get())
         merged = {**box.env_vars, **(env or {})} or None
         sb = session.sandbox
+
+        async def work() -> ExecResult:
+            if pid in box.killed:  # SendSignal came before the run began
+                return ExecResult(ExecStatus.SIGNAL, signal=9, message="killed before "
+                                  "it started")
+            return await sb.exec(argv, limits=limits, env=merged, cwd=cwd)
+
         try:
-            return await _in_session(
-                self.state, request, session,
-                lambda: sb.exec(argv, limits=limits, env=merged, cwd=cwd), "the command")
+            return await _in_session(self.state, request, session, work, "the command")
         except DeadlineExpired as e:
             raise ConnectError(Code.DEADLINE_EXCEEDED, str(e)) from None
         except Overloaded as e:
@@ -246,9 +252,10 @@ class Process(process_connect.Process):
             yield _event(Oneof("start", pb.ProcessEvent.StartEvent(pid=pid)))
             result = await self.envd.run(box, session, argv, dict(config.envs),
                                          config.cwd or WORKSPACE,
-                                         _limits(self.envd.state, ctx))
+                                         _limits(self.envd.state, ctx), pid)
         finally:
             box.running.pop(pid, None)
+            box.killed.discard(pid)
         if result.status is ExecStatus.TIMEOUT:
             raise ConnectError(Code.DEADLINE_EXCEEDED, f"the command ran out of time: "
                                f"{result.message}")
@@ -278,6 +285,7 @@ class Process(process_connect.Process):
             else None
         if pid not in box.running:
             raise ConnectError(Code.NOT_FOUND, f"process {pid} not found")
+        box.killed.add(pid)  # in case its run has not begun: it never will
         await session.sandbox.stop()
         return pb.SendSignalResponse()
 

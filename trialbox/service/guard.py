@@ -4,11 +4,13 @@ In order: count the request; without a token, the `Host` (and, on a state-changi
 request, the `Origin`) must name this server (`ServiceConfig.host_names`: the bound
 address, localhost, 127.0.0.1, ::1, `allowed_hosts`) — a web page whose name was
 rebound to 127.0.0.1 gets 403 (with a token the token is the guard: such a page cannot
-send it); the bearer token (when configured; `/healthz`, `/readyz` and
-`ServiceState.open_paths` are exempt); the body size (Content-Length checked before
-anything is read and answered 413 at once, the connection then closed; a chunked body
-counted as it arrives); the per-client token bucket (client: its address, an IPv6 one
-by its /64 — never a header the client chooses); then the request's deadline is fixed
+send it); the bearer token (when configured; `Authorization: Bearer`, or `X-API-KEY` as
+the E2B SDK sends it; `/healthz`, `/readyz` and `ServiceState.open_paths` are exempt,
+`ServiceState.own_auth_paths` check a credential of their own); the body size
+(Content-Length checked before anything is read and answered 413 at once, the
+connection then closed; a chunked body counted as it arrives); the per-client token
+bucket (client: its address, an IPv6 one by its /64 — never a header the client
+chooses); then the request's deadline is fixed
 (`X-Deadline-S`, capped by the config) and put in `request.state.deadline` (a
 `time.monotonic()` instant) for handlers, which stop their sandbox runs at it and answer
 504, and the client in `request.state.client`. A body that stalls for
@@ -62,7 +64,8 @@ class TokenBucket:
 
 async def send_json(send: Send, status: int, body: dict[str, Any],
                     headers: dict[str, str] | None = None) -> None:
-    data = json.dumps(body).encode()
+    # `code` repeats the status: E2B's SDK parses refusals as {"code", "message"}
+    data = json.dumps({**body, "code": status}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
