@@ -26,7 +26,8 @@ def add_parser(sub: Any) -> None:
     """Hook `serve` into the CLI's subparsers."""
     d = ServiceConfig()
     p = sub.add_parser(
-        "serve", help="the HTTP service: native /v1 and SandboxFusion-compatible /run_code",
+        "serve", help="the HTTP service: native /v1, SandboxFusion-compatible /run_code, "
+        "E2B-compatible /sandboxes",
         description="Serve sandboxed runs and trusted grading over HTTP (docs/service.md). "
         "Bound to loopback by default; binding any other address requires a bearer token "
         "(--token or TRIALBOX_TOKEN).")
