@@ -139,6 +139,10 @@ def test_files_bad_paths(sandbox: Sandbox) -> None:
         sandbox.files.write("/etc/passwd-not", "x")  # uploads only in the workspace
     with pytest.raises(NotFoundException):
         sandbox.files.remove("no-such-file")
+    with pytest.raises(SandboxException, match="413: request body .* over the limit"):
+        sandbox.files.write("big.bin", b"x" * (17 << 20))  # the server's --max-body-mb 16
+    with pytest.raises(InvalidArgumentException, match="compressed uploads"):
+        sandbox.files.write("z.txt", "zipped", gzip=True)
 
 
 def test_pause_keeps_files_and_connect_resumes(server: Server) -> None:

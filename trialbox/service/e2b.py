@@ -106,6 +106,9 @@ class E2BSandboxes:
         """Why the envd API is not served (the `e2b` package is not installed), or ""."""
 
     def add(self, sandbox: E2BSandbox) -> None:
+        # forget the sandboxes whose sessions the reaper closed (bounded by the opens)
+        for sid in [sid for sid in self._by_id if sid not in self.state.sessions]:
+            del self._by_id[sid]
         self._by_id[sandbox.sandbox_id] = sandbox
 
     def find(self, sid: str, owner: str | None = None) -> tuple[E2BSandbox, Session] | None:

@@ -469,6 +469,9 @@ def install(app: FastAPI, state: ServiceState, sandboxes: E2BSandboxes) -> None:
         if isinstance(found, str):
             return _error(502, found)
         session = found[1]
+        if request.headers.get("content-encoding", "identity") != "identity":
+            return _error(400, "compressed uploads (gzip=True) are not served; send the "
+                          "file as it is")
         try:
             files = _uploads(request.headers.get("content-type", ""), await request.body(),
                              path)

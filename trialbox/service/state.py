@@ -83,6 +83,10 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def __contains__(self, sid: object) -> bool:
+        """Whether session `sid` is open (without counting as a use of it)."""
+        return sid in self._by_id
+
     def add(self, sandbox: Sandbox, limits: Limits, owner: str = "") -> Session:
         session = Session(id="s-" + secrets.token_hex(8), sandbox=sandbox, limits=limits,
                           owner=owner)
