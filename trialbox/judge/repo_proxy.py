@@ -482,19 +482,36 @@ class Remote:
         return "<the candidate's %s %s>" % (object.__getattribute__(self, "_tb_name"),
                                              object.__getattribute__(self, "_tb_kind"))
 
-    def __eq__(self, other):  # identity: the candidate's __eq__ never decides a test
+    # Between two of the candidate's objects its own comparisons and operators decide,
+    # as in one process: the test then checks only the candidate's agreement with
+    # itself. With any other operand (a test's expected value) `==` is identity and the
+    # rest is refused: an always-equal object must not decide against the test's data.
+    def __eq__(self, other):
+        if isinstance(other, (Remote, _RemoteInstance)) and self is not other:
+            return _op(self, "eq", other) is True
         return self is other
 
     def __ne__(self, other):
-        return self is not other
+        return not self.__eq__(other)
 
-    __hash__ = object.__hash__
+    def __hash__(self):
+        got = _op(self, "hash")
+        if type(got) is not int:
+            raise _CandidateGone("the candidate's process broke the protocol")
+        return got
 
-    def _no_order(self, other):
-        raise TypeError("the candidate's objects are not ordered in a trusted test: "
-                        "compare plain data (docs/judge.md, repository tasks)")
+    def _between(op, refusal):
+        def method(self, other):
+            if isinstance(other, (Remote, _RemoteInstance)):
+                return _op(self, op, other)
+            raise TypeError(refusal)
+        method.__name__ = "__%s__" % op
+        return method
 
-    __lt__ = __le__ = __gt__ = __ge__ = _no_order
+    _ORDER = ("the candidate's objects are not ordered against other values in a trusted "
+              "test: compare plain data (docs/judge.md, repository tasks)")
+    __lt__, __le__ = _between("lt", _ORDER), _between("le", _ORDER)
+    __gt__, __ge__ = _between("gt", _ORDER), _between("ge", _ORDER)
 
     def __str__(self):
         return _op(self, "str")
@@ -541,18 +558,24 @@ class Remote:
     def __neg__(self):
         return _op(self, "neg")
 
-    def _no_operator(self, other):
-        # `abs(f(x) - 1.5) < 1e-6` must not be decided by an object whose __sub__ answers
-        # 0 whatever 1.5 is: an operator with a trusted operand is refused, as == is.
-        raise TypeError("an operator between the candidate's object and another value "
-                        "is not evaluated in a trusted test (the candidate's method "
-                        "would see the expected value): compare plain data "
-                        "(docs/judge.md, repository tasks)")
+    # `abs(f(x) - 1.5) < 1e-6` must not be decided by an object whose __sub__ answers
+    # 0 whatever 1.5 is: an operator with a trusted operand is refused, as == is.
+    _OPERATOR = ("an operator between the candidate's object and another value is not "
+                 "evaluated in a trusted test (the candidate's method would see the "
+                 "expected value): compare plain data (docs/judge.md, repository tasks)")
+    __add__, __sub__ = _between("add", _OPERATOR), _between("sub", _OPERATOR)
+    __mul__, __truediv__ = _between("mul", _OPERATOR), _between("truediv", _OPERATOR)
+    __floordiv__, __mod__ = _between("floordiv", _OPERATOR), _between("mod", _OPERATOR)
+    __pow__, __and__ = _between("pow", _OPERATOR), _between("and", _OPERATOR)
+    __or__, __xor__ = _between("or", _OPERATOR), _between("xor", _OPERATOR)
+    __matmul__ = _between("matmul", _OPERATOR)
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _no_operator
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _no_operator
-    __mod__ = __rmod__ = __pow__ = __rpow__ = __and__ = __rand__ = _no_operator
-    __or__ = __ror__ = __xor__ = __rxor__ = __matmul__ = __rmatmul__ = _no_operator
+    def _no_reflected(self, other):  # a Remote on the left already had its turn
+        raise TypeError(Remote._OPERATOR)
+
+    __radd__ = __rsub__ = __rmul__ = __rtruediv__ = __rfloordiv__ = _no_reflected
+    __rmod__ = __rpow__ = __rand__ = __ror__ = __rxor__ = __rmatmul__ = _no_reflected
+    del _between
 
     def __enter__(self):
         return _op(self, "enter")

@@ -81,6 +81,12 @@ _OPS = {
     "await": lambda o: _loop().run_until_complete(o),
     "isinstance": lambda c, o: isinstance(o, c), "issubclass": lambda c, o: issubclass(o, c),
     "methods": lambda c: [n for n in dir(c) if callable(getattr(c, n, None))],
+    "hash": hash, "eq": operator.eq, "ne": operator.ne, "lt": operator.lt,
+    "le": operator.le, "gt": operator.gt, "ge": operator.ge, "add": operator.add,
+    "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow,
+    "and": operator.and_, "or": operator.or_, "xor": operator.xor,
+    "matmul": operator.matmul,
 }
 _CHANGEABLE = (list, dict, set, bytearray, tuple, collections.deque)
 _changes = []  # what the last call changed in the arguments it was sent by value
