@@ -160,9 +160,29 @@ def test_pause_keeps_files_and_connect_resumes(server: Server) -> None:
         sb.kill()
 
 
+def test_fork_copies_files_not_changes_after(server: Server) -> None:
+    parent = Sandbox.create(envs={"ORIGIN": "parent-env"})
+    kids: list[Sandbox | Exception] = []
+    try:
+        parent.files.write("state.txt", "before")
+        kids = parent.fork(count=2)
+        assert all(isinstance(k, Sandbox) for k in kids), kids
+        for i, kid in enumerate(kids):
+            assert isinstance(kid, Sandbox)
+            assert kid.commands.run("cat state.txt; echo \" $ORIGIN\"").stdout == \
+                "before parent-env\n"
+            kid.files.write("state.txt", f"kid {i}")
+        assert parent.files.read("state.txt") == "before"
+        assert [k.files.read("state.txt") for k in kids if isinstance(k, Sandbox)] == \
+            ["kid 0", "kid 1"]
+    finally:
+        for sb in (parent, *[k for k in kids if isinstance(k, Sandbox)]):
+            sb.kill()
+
+
 def test_refused_with_the_reason(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="501: fork is not served"):
-        sandbox.fork()
+    with pytest.raises(SandboxException, match="501: snapshots is not served"):
+        sandbox.create_snapshot()
     with pytest.raises(SandboxException, match="stdin=True is not served"):
         sandbox.commands.run("cat", stdin=True)
 

@@ -14,7 +14,8 @@ here (docs/service.md, "E2B-compatible API"; the envd half is e2b_envd.py).
     POST   /sandboxes/{id}/refreshes          {duration}: the same, never shortening
     POST   /sandboxes/{id}/pause              parked: files kept, compute freed
     POST   /sandboxes/{id}/resume, /sandboxes/{id}/connect, /v2/sandboxes/{id}/connect
-    POST   /sandboxes/{id}/fork, /snapshots   refused (501): not built yet
+    POST   /sandboxes/{id}/fork               {count, timeout}: copy-on-write children
+    POST   /sandboxes/{id}/snapshots          refused (501): not built yet
     GET    /sandboxes/{id}/metrics, /logs     refused (501)
 
 A sandbox is a `/v1` session (the same `Sessions`, caps, reaper and provider; opened
@@ -56,6 +57,8 @@ DEFAULT_TIMEOUT_S = 300
 """A sandbox's lifetime when the request gives none (the SDK's default too)."""
 MAX_TIMEOUT_S = 86_400
 """The longest lifetime one may ask for (E2B's Pro limit)."""
+MAX_FORKS = 20
+"""The most forks one request may ask for (the SDK's limit too)."""
 TEMPLATES = ("base",)
 """Template names served besides the server's tier name: all mean that tier."""
 
@@ -335,7 +338,52 @@ async def connect(sid: str, request: Request) -> JSONResponse:
     return JSONResponse(_created(request, box), status_code=201 if resumed else 200)
 
 
-@router.post("/sandboxes/{sid}/fork")
+@router.post("/sandboxes/{sid}/fork", status_code=201)
+async def fork(sid: str, request: Request) -> list[dict[str, Any]]:
+    """`count` (1-20) new sandboxes starting from this one's files, copy-on-write (the
+    tier's `Snapshottable.fork`), each with the parent's template, metadata and envs and
+    its own `timeout`. No process is copied (none runs between commands); a command
+    running now is waited for. Forks past this client's or the server's session cap are
+    reported in their place as errors (429 / 503), as E2B reports per-fork failures."""
+    from trialbox.sandbox.base import Snapshottable
+    state: ServiceState = request.app.state.service
+    box, session = _found(request, sid)
+    body = await _json(request)
+    count = body.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_FORKS:
+        raise E2BError(400, f"count must be a whole number from 1 to {MAX_FORKS}, got "
+                       f"{count!r}")
+    timeout = _timeout_of(body)
+    if not isinstance(session.sandbox, Snapshottable):
+        raise E2BError(501, f"the {state.config.tier} tier cannot fork a session (the "
+                       "namespace tier can)")
+    sessions = state.sessions
+    mine = max(0, sessions.per_client - sessions.held(box.owner))
+    anyone = max(0, sessions.limit - len(sessions))
+    n = min(count, mine, anyone)
+    async with session.lock:
+        with _as_e2b():
+            children = list(await session.sandbox.fork(n, session.limits)) if n else []
+    results: list[dict[str, Any]] = []
+    for child in children:
+        opened = sessions.add(child, session.limits, box.owner)
+        state.counters.sessions_opened += 1
+        now = datetime.now(UTC)
+        twin = E2BSandbox(sandbox_id=opened.id, template_id=box.template_id,
+                          owner=box.owner, access_token=secrets.token_urlsafe(24),
+                          started_at=now, end_at=now, metadata=dict(box.metadata),
+                          env_vars=dict(box.env_vars))
+        _set_timeout(twin, opened, timeout)
+        registry(request).add(twin)
+        results.append({"sandbox": _created(request, twin)})
+    for _ in range(count - len(children)):
+        code, why = ((429, f"this client holds {sessions.held(box.owner)} sessions, the "
+                      "most one client may; kill some first") if mine < count else
+                     (503, f"{len(sessions)} sessions are open, the server's limit"))
+        results.append({"error": {"code": code, "message": why}})
+    return results
+
+
 @router.post("/sandboxes/{sid}/snapshots")
 @router.get("/sandboxes/{sid}/metrics")
 @router.get("/sandboxes/{sid}/logs")
