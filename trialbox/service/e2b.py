@@ -94,6 +94,8 @@ class E2BSandbox:
     """The command (argv) of each process started and not yet ended, by pid."""
     killed: set[int] = field(default_factory=set)
     """Processes a SendSignal named; one whose run had not begun is never run."""
+    active: int | None = None
+    """The process whose run is in flight in the session (others wait for its lock)."""
 
     def token_ok(self, given: str) -> bool:
         return hmac.compare_digest(given.encode(), self.access_token.encode())

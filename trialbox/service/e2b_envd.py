@@ -26,6 +26,7 @@ see exactly what commands see. Refused (UNIMPLEMENTED, saying so): stdin, PTY,
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import email.parser
 import email.policy
@@ -58,6 +59,8 @@ WORKSPACE = "/workspace"
 CHUNK = 64 << 10
 """Output is sent in data events of at most this many bytes."""
 PROCESS_PATH, FS_PATH = "/process.Process", "/filesystem.Filesystem"
+KILL_EVERY_S, KILL_TRIES = 0.01, 500
+"""SendSignal stops the command's run every 10 ms until it has ended (at most 5 s)."""
 
 _scope: contextvars.ContextVar[Scope] = contextvars.ContextVar("e2b_envd_scope")
 """The ASGI scope of the RPC being served: the Guard's deadline and client are in it."""
@@ -169,7 +172,11 @@ class Envd:
             if pid in box.killed:  # SendSignal came before the run began
                 return ExecResult(ExecStatus.SIGNAL, signal=9, message="killed before "
                                   "it started")
-            return await sb.exec(argv, limits=limits, env=merged, cwd=cwd)
+            box.active = pid
+            try:
+                return await sb.exec(argv, limits=limits, env=merged, cwd=cwd)
+            finally:
+                box.active = None
 
         try:
             return await _in_session(self.state, request, session, work, "the command")
@@ -286,7 +293,14 @@ class Process(process_connect.Process):
         if pid not in box.running:
             raise ConnectError(Code.NOT_FOUND, f"process {pid} not found")
         box.killed.add(pid)  # in case its run has not begun: it never will
-        await session.sandbox.stop()
+        # A stop that lands as the run begins, before its process exists, kills nothing:
+        # stop it again until it is over (only while it is the run in flight).
+        for _ in range(KILL_TRIES):
+            if pid not in box.running:
+                break
+            if box.active == pid:
+                await session.sandbox.stop()
+            await asyncio.sleep(KILL_EVERY_S)
         return pb.SendSignalResponse()
 
     def connect(self, request: pb.ConnectRequest,
