@@ -163,3 +163,26 @@ def test_a_project_with_no_passing_test_and_a_used_out_dir_are_refused(runner, t
     (tmp_path / "used" / "x").write_text("")
     with pytest.raises(UsageError, match="not an empty directory"):
         runner.run(build_pack([sdist], tmp_path / "used", runner.pool, CONFIG))
+
+
+@pytest.mark.bench_only
+def test_real_sdists_give_validated_tasks(runner, tmp_path):
+    """`make bench`: TRIALBOX_SDISTS=a.tar.gz:b.tar.gz (downloaded beforehand: nothing is
+    downloaded here) — each gives >= 1 task whose reference passes and whose start fails
+    exactly FAIL_TO_PASS."""
+    import os
+    paths = [p for p in os.environ.get("TRIALBOX_SDISTS", "").split(":") if p]
+    if not paths:
+        pytest.skip("set TRIALBOX_SDISTS to the paths of sdists (.tar.gz) to build")
+    reps = runner.run(build_pack(paths, tmp_path / "pack", runner.pool,
+                                 FactoryConfig(mutants=2)), 1800)
+    assert all(r.tasks for r in reps), [(r.project, r.tried) for r in reps]
+    entries = {e["task_id"]: e for e in json.loads(
+        (tmp_path / "pack" / "manifest.json").read_text())["tasks"]}
+    for task in load_tasks(str(tmp_path / "pack" / "tasks.jsonl")):
+        judge = FactoryConfig().judge
+        assert runner.run(judge_repo(task, task.canonical_solution, runner.pool, judge),
+                          300).passed
+        start = runner.run(judge_repo(task, {}, runner.pool, judge), 300)
+        assert sorted(t.name for t in start.tests if not t.passed) == \
+            entries[task.task_id]["fail_to_pass"]

@@ -21,6 +21,8 @@
     trialbox bench train --json                GRPO episodes/s and tokens/s vs TRL's GRPOTrainer
     trialbox bench density --sessions 10000    live sessions on one node, memory/fds each
     trialbox tasks status RUN | show TASK      a run's tasks from the scheduler's journal
+    trialbox tasks from-sdist SDIST --out DIR  repository tasks from a project's sdist: its own
+                                               tests, AST mutants, validated (docs/taskpacks.md)
     trialbox serve --host 127.0.0.1 --port 8080   HTTP API: /v1 and SandboxFusion's /run_code
 
 Exit status of `exec`: 0 the program succeeded, 1 it did not (see the result's status),

@@ -436,14 +436,15 @@ def reverse_diff(path: str, mutant: bytes, original: bytes) -> str:
 
 # --------------------------------------------------------------------------- the prompt
 
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}|(?<=\.\.\.)[0-9a-fA-F]{4,}(?=>)")
+"""An object's address, whole or as pytest's truncated repr ends it (`...f8becc87050>`)."""
 MAX_SHOWN = 10
 """Failing tests named in a prompt (the rest are counted)."""
 
 
 def _mask(text: str) -> str:
     """Object addresses change from run to run: masked, so the pack is deterministic."""
-    return _ADDRESS.sub("0x…", text)
+    return _ADDRESS.sub("…", text)
 
 
 def problem_statement(sd: Sdist, f2p: list[str], messages: dict[str, str],
