@@ -108,6 +108,14 @@ def test_background_command_listed_and_killed(sandbox: Sandbox) -> None:
         handle.wait()
     assert e.value.exit_code == -1
     assert sandbox.commands.list() == []
+    # one command at a time: killing one that waits behind another leaves that one be
+    first = sandbox.commands.run("sleep 1; echo first", background=True)
+    second = sandbox.commands.run("echo second", background=True)
+    assert second.kill() is True
+    assert first.wait().stdout == "first\n"
+    with pytest.raises(CommandExitException) as killed:
+        second.wait()
+    assert (killed.value.exit_code, killed.value.error) == (-1, "killed before it started")
 
 
 def test_files(sandbox: Sandbox) -> None:
@@ -141,7 +149,7 @@ def test_files_bad_paths(sandbox: Sandbox) -> None:
         sandbox.files.remove("no-such-file")
     # refused from its Content-Length, unread, the connection closed (docs/service.md):
     # the SDK sees the 413 if it finished sending first, else the closed connection
-    with pytest.raises((SandboxException, httpx.WriteError)) as big:
+    with pytest.raises((SandboxException, httpx.TransportError)) as big:
         sandbox.files.write("big.bin", b"x" * (17 << 20))  # the server's --max-body-mb 16
     if isinstance(big.value, SandboxException):
         assert "413: request body" in str(big.value)
