@@ -4,12 +4,14 @@ compatible API"). The server has a token: the SDK sends it as its API key."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from e2b import (
+    AsyncSandbox,
     AuthenticationException,
     CommandExitException,
     FileType,
@@ -210,6 +212,20 @@ def test_unknown_sandbox_template_and_key(server: Server) -> None:
     assert e.value.status_code == 404 and "no-such-template" in str(e.value)
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="not-the-token")
+
+
+def test_async_sdk(server: Server) -> None:
+    """`AsyncSandbox` speaks the same API over its async transports."""
+    async def body() -> tuple[str, str]:
+        sb = await AsyncSandbox.create()
+        try:
+            await sb.files.write("note.txt", "async")
+            ran = await sb.commands.run("cat note.txt; echo oops >&2")
+            return ran.stdout, ran.stderr
+        finally:
+            await sb.kill()
+
+    assert asyncio.run(body()) == ("async", "oops\n")
 
 
 def test_second_client_sees_nothing(server: Server, sandbox: Sandbox) -> None:
