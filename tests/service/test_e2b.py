@@ -168,8 +168,9 @@ def test_pause_keeps_files_and_connect_resumes(server: Server) -> None:
         assert Sandbox.get_info(sb.sandbox_id).state.value == "paused"
         with pytest.raises(SandboxException):
             sb.commands.run("true")
-        again = Sandbox.connect(sb.sandbox_id)
+        again = Sandbox.connect(sb.sandbox_id)  # resumes (201)
         assert again.commands.run("cat kept.txt").stdout == "still here"
+        assert Sandbox.connect(sb.sandbox_id).commands.run("true").exit_code == 0  # (200)
     finally:
         sb.kill()
 

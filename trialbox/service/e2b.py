@@ -208,14 +208,14 @@ def _strings(body: dict[str, Any], key: str) -> dict[str, str]:
     return dict(value)
 
 
-def _created(request: Request, box: E2BSandbox) -> dict[str, Any]:
+def _created(box: E2BSandbox) -> dict[str, Any]:
     """E2B's `Sandbox` (create, connect)."""
     return {"templateID": box.template_id, "sandboxID": box.sandbox_id, "clientID": box.owner,
             "envdVersion": ENVD_VERSION, "envdAccessToken": box.access_token,
             "trafficAccessToken": None, "domain": None}
 
 
-def _listed(request: Request, box: E2BSandbox, session: Session) -> dict[str, Any]:
+def _listed(box: E2BSandbox, session: Session) -> dict[str, Any]:
     """E2B's `ListedSandbox`; `SandboxDetail` is the same plus the access token."""
     limits = session.limits
     return {"templateID": box.template_id, "sandboxID": box.sandbox_id,
@@ -256,7 +256,7 @@ async def create(request: Request) -> dict[str, Any]:
                      metadata=metadata, env_vars=env_vars)
     _set_timeout(box, session, timeout)
     registry(request).add(box)
-    return _created(request, box)
+    return _created(box)
 
 
 @router.get("/sandboxes")
@@ -268,7 +268,7 @@ async def list_sandboxes(request: Request, state: str | None = None,
     from urllib.parse import parse_qsl
     states = set(state.split(",")) if state else {"running", "paused"}
     wanted = dict(parse_qsl(metadata)) if metadata else {}
-    rows = [_listed(request, box, session) for box, session
+    rows = [_listed(box, session) for box, session
             in registry(request).of(_owner(request))]
     return [r for r in rows if r["state"] in states
             and all(r["metadata"].get(k) == v for k, v in wanted.items())]
@@ -277,7 +277,7 @@ async def list_sandboxes(request: Request, state: str | None = None,
 @router.get("/sandboxes/{sid}")
 async def get_sandbox(sid: str, request: Request) -> dict[str, Any]:
     box, session = _found(request, sid)
-    return {**_listed(request, box, session), "envdAccessToken": box.access_token}
+    return {**_listed(box, session), "envdAccessToken": box.access_token}
 
 
 @router.delete("/sandboxes/{sid}", status_code=204)
@@ -327,6 +327,14 @@ async def pause(sid: str, request: Request) -> Response:
 
 
 @router.post("/sandboxes/{sid}/resume", status_code=201)
+async def resume(sid: str, request: Request) -> JSONResponse:
+    """The older resume: only a paused sandbox (409 otherwise, as E2B answers)."""
+    box, _ = _found(request, sid)
+    if not box.paused:
+        raise E2BError(409, f"sandbox {sid} is not paused")
+    return await connect(sid, request)
+
+
 @router.post("/sandboxes/{sid}/connect", status_code=201)
 @router.post("/v2/sandboxes/{sid}/connect", status_code=201)
 async def connect(sid: str, request: Request) -> JSONResponse:
@@ -337,7 +345,7 @@ async def connect(sid: str, request: Request) -> JSONResponse:
     if "timeout" in body:
         _set_timeout(box, session, _timeout_of(body))
     resumed, box.paused = box.paused, False
-    return JSONResponse(_created(request, box), status_code=201 if resumed else 200)
+    return JSONResponse(_created(box), status_code=201 if resumed else 200)
 
 
 @router.post("/sandboxes/{sid}/fork", status_code=201)
@@ -377,7 +385,7 @@ async def fork(sid: str, request: Request) -> list[dict[str, Any]]:
                           env_vars=dict(box.env_vars))
         _set_timeout(twin, opened, timeout)
         registry(request).add(twin)
-        results.append({"sandbox": _created(request, twin)})
+        results.append({"sandbox": _created(twin)})
     for _ in range(count - len(children)):
         code, why = ((429, f"this client holds {sessions.held(box.owner)} sessions, the "
                       "most one client may; kill some first") if mine < count else
