@@ -196,8 +196,10 @@ def test_fork_copies_files_not_changes_after(server: Server) -> None:
 
 
 def test_refused_with_the_reason(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="501: snapshots is not served"):
+    with pytest.raises(SandboxException, match="501: snapshots"):
         sandbox.create_snapshot()
+    with pytest.raises(SandboxException, match="501: snapshots"):
+        Sandbox.list_snapshots().next_items()
     with pytest.raises(SandboxException, match="stdin=True is not served"):
         sandbox.commands.run("cat", stdin=True)
 

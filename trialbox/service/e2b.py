@@ -15,7 +15,7 @@ here (docs/service.md, "E2B-compatible API"; the envd half is e2b_envd.py).
     POST   /sandboxes/{id}/pause              parked: files kept, compute freed
     POST   /sandboxes/{id}/resume, /sandboxes/{id}/connect, /v2/sandboxes/{id}/connect
     POST   /sandboxes/{id}/fork               {count, timeout}: copy-on-write children
-    POST   /sandboxes/{id}/snapshots          refused (501): not built yet
+    POST   /sandboxes/{id}/snapshots, GET /snapshots   refused (501): not built yet
     GET    /sandboxes/{id}/metrics, /logs     refused (501)
 
 A sandbox is a `/v1` session (the same `Sessions`, caps, reaper and provider; opened
@@ -402,6 +402,12 @@ async def not_built(sid: str, request: Request) -> None:
     _found(request, sid)
     raise E2BError(501, f"{request.url.path.rsplit('/', 1)[-1]} is not served by trialbox's "
                    "E2B API yet (docs/service.md, 'E2B-compatible API')")
+
+
+@router.get("/snapshots")
+async def snapshots(request: Request) -> None:
+    raise E2BError(501, "snapshots are not served by trialbox's E2B API yet "
+                   "(docs/service.md, 'E2B-compatible API')")
 
 
 async def _e2b_error(request: Request, exc: Exception) -> JSONResponse:
