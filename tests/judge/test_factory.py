@@ -42,6 +42,8 @@ def count_above(xs, limit):
     return n
 '''
 TESTS = '''\
+import unittest
+
 from minicalc import add, clamp, count_above
 
 
@@ -71,6 +73,14 @@ class TestMore:
 
 def test_known_bug():  # fails on the unmodified project: never graded
     assert add(0.1, 0.2) == 0.3
+
+
+class ClampCases(unittest.TestCase):  # collected by pytest, whatever its name
+    def test_inside(self):
+        self.assertEqual(clamp(3, 0, 10), 3)
+
+    def test_wrong_expectation(self):  # fails on the unmodified project too
+        self.assertEqual(clamp(3, 0, 10), 4)
 '''
 FILES = {"minicalc/__init__.py": "from minicalc.ops import add, clamp, count_above\n",
          "minicalc/ops.py": OPS, "tests/test_ops.py": TESTS}
@@ -92,11 +102,14 @@ def test_tasks_are_built_and_the_unstable_test_is_left_out(pack):
     [project] = manifest["projects"]
     assert project["tier"] == "trusted" and project["version"] == "0.1"
     assert project["dropped_tests"] == {
-        "tests/test_ops.py::test_known_bug": "failed: assert 0.30000000000000004 == 0.3"}
-    assert "tests/test_ops.py::test_known_bug" not in project["graded_tests"]
-    assert len(project["graded_tests"]) == 5
+        "tests/test_ops.py::test_known_bug": "failed: assert 0.30000000000000004 == 0.3",
+        "tests/test_ops.py::ClampCases::test_wrong_expectation":
+            "failed: AssertionError: 3 != 4"}
+    assert len(project["graded_tests"]) == 6
+    assert not set(project["dropped_tests"]) & set(project["graded_tests"])
     pruned = (out / "minicalc-0.1/tests/tests/test_ops.py").read_text()
     assert f"def {UNSTABLE}test_known_bug" in pruned
+    assert f"def {UNSTABLE}test_wrong_expectation" in pruned
     assert len(manifest["tasks"]) == 2 == len(rep.tasks)
     for entry in manifest["tasks"]:
         assert entry["mutated_files"] == ["minicalc/ops.py"] and entry["tier"] == "trusted"
@@ -130,7 +143,7 @@ def test_the_cli_builds_the_same_pack_from_the_same_seed(pack, tmp_path, capsys)
     assert cli_main(["tasks", "from-sdist", str(sdist), "--out", str(tmp_path / "again"),
                      *ARGS]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (line["project"], line["tasks"], line["graded_tests"]) == ("minicalc", 2, 5)
+    assert (line["project"], line["tasks"], line["graded_tests"]) == ("minicalc", 2, 6)
     for name in ("tasks.jsonl", "manifest.json", "minicalc-0.1/tests/tests/test_ops.py"):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
 

@@ -354,7 +354,7 @@ def _defs(path: str, source: bytes) -> list[tuple[str, int]]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
                 node.name.startswith("test"):
             found.append((f"{path}::{node.name}", node.lineno))
-        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+        elif isinstance(node, ast.ClassDef):  # Test* or unittest.TestCase subclasses
             found += [(f"{path}::{node.name}::{s.name}", s.lineno) for s in node.body
                       if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and s.name.startswith("test")]
