@@ -17,7 +17,9 @@ For each sdist, top to bottom (`build_project`):
                shuffled by `seed` and the operators interleaved (one of each in turn);
                each mutant tree graded in order: kept when the run finished cleanly,
                every graded test reported, >= 1 failed (FAIL_TO_PASS) and >= 1 passed
-               (PASS_TO_PASS); then graded again as the task itself (hidden tests):
+               (PASS_TO_PASS), with `MUTANT_CPU` times the baseline's CPU time (a
+               mutant that loops forever costs seconds, not the whole limit); then
+               graded again as the task itself (hidden tests):
                the failing tests must be exactly FAIL_TO_PASS. `mutants` kept or
                `tries` graded, whichever first.
     write      DIR/tasks.jsonl (repository rows, store/tasks.py: the mutant tree as
@@ -42,11 +44,12 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import math
 import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,10 @@ from trialbox.store.patches import TreeError, apply_patch, diff_lines
 from trialbox.store.sdist import Sdist, is_test_module, read_sdist
 from trialbox.types import Grade, Limits, Outcome, Task, TaskKind, TestResult
 
+MUTANT_CPU = 5.0
+"""A mutant's run may use this many times the baseline's CPU time (not less than
+`MIN_CPU_S`, not more than the config's limit)."""
+MIN_CPU_S = 10
 UNSTABLE = "_unstable_"
 """Prefix a test function's name gets when the baseline found it unstable on the tier."""
 
@@ -183,7 +190,13 @@ async def build_project(sd: Sdist, provider: SandboxProvider, config: FactoryCon
     t0 = time.monotonic()
     name = f"{sd.project}-{sd.version}"
     log(f"{name}: baseline, {config.baseline_runs} runs on the {config.tier} tier")
-    tests, graded, dropped = await _baseline(sd, provider, config)
+    tests, graded, dropped, cpu_s = await _baseline(sd, provider, config)
+    # A mutant that loops forever would hold a worker for the whole limit: its CPU
+    # limit is the baseline's, times MUTANT_CPU (CPU time does not grow with the load).
+    config = replace(config, limits=replace(config.limits, cpu_s=min(
+        config.limits.cpu_s, max(MIN_CPU_S, math.ceil(MUTANT_CPU * cpu_s)))))
+    log(f"{name}: mutants get {config.limits.cpu_s:g} s of CPU (the baseline used "
+        f"{cpu_s:.1f} s)")
     rep = ProjectReport(sd.project, sd.version, sd.archive, sd.sha256, config.tier,
                         sorted(graded), dropped)
     rep.tests = tuple(sorted(tests.items()))
@@ -256,8 +269,9 @@ async def _grade(task: Task, provider: SandboxProvider, config: FactoryConfig,
 
 
 async def _baseline(sd: Sdist, provider: SandboxProvider, config: FactoryConfig
-                    ) -> tuple[dict[str, bytes], set[str], dict[str, str]]:
-    """(the pruned test tree, the graded test ids, {dropped test: why})."""
+                    ) -> tuple[dict[str, bytes], set[str], dict[str, str], float]:
+    """(the pruned test tree, the graded test ids, {dropped test: why}, the most CPU
+    seconds a run's candidate sandbox used)."""
     name = f"{sd.project}-{sd.version}"
     files, tests = dict(sd.files), dict(sd.tests)
     dropped: dict[str, str] = {}
@@ -285,7 +299,8 @@ async def _baseline(sd: Sdist, provider: SandboxProvider, config: FactoryConfig
             graded = {t.name for t in check.tests}
             for n in sorted(stable - graded):  # a passing case of a function left out
                 dropped.setdefault(n, "left out with its function: another case failed")
-            return tests, graded, dropped
+            cpu_s = max(g.candidate_cpu_ms for g in [*runs, check]) / 1e3
+            return tests, graded, dropped, cpu_s
         dropped.update({n: f"unstable: {w}" for n, w in failing.items()})
         stable -= set(failing)
         if check.outcome is not Outcome.FAILED:  # the whole run broke: nothing to keep
