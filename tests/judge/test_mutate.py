@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trialbox.judge.mutate import OPERATORS, apply_mutation, mutation_sites
+from trialbox.judge.mutate import OPERATORS, apply_mutation, mutation_sites, still_parses
 
 
 def edits(source: str, operator: str) -> list[str]:
@@ -51,6 +51,9 @@ def test_sites_are_in_source_order_and_describe_themselves():
     sites = mutation_sites("pkg/m.py", src)
     assert [s.start for s in sites] == sorted(s.start for s in sites)
     assert sites == mutation_sites("pkg/m.py", src)
+    # unchecked (the factory's way: each site checked when tried) offers the same here
+    assert mutation_sites("pkg/m.py", src, checked=False) == sites
+    assert all(still_parses(src, s) for s in sites)
     assert {s.operator for s in sites} == {"binop", "int", "drop", "compare", "return-none"}
     assert sites[0].describe().startswith("drop at pkg/m.py:2")
     with pytest.raises(ValueError, match="does not fit"):

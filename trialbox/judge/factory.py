@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from trialbox.errors import InfraError, UsageError
-from trialbox.judge.mutate import OPERATORS, Mutation, apply_mutation, mutation_sites
+from trialbox.judge.mutate import OPERATORS, Mutation, apply_mutation, mutation_sites, \
+    still_parses
 from trialbox.judge.repo import TIERS, RepoJudgeConfig, judge_repo
 from trialbox.sandbox.base import SandboxProvider
 from trialbox.store.patches import TreeError, apply_patch, diff_lines
@@ -237,7 +238,7 @@ def ordered_sites(sd: Sdist, seed: int) -> list[Mutation]:
     by_op: dict[str, list[Mutation]] = {op: [] for op in OPERATORS}
     for path, data in sd.files:
         if path.endswith(".py"):
-            for m in mutation_sites(path, data):
+            for m in mutation_sites(path, data, checked=False):  # checked when tried
                 by_op[m.operator].append(m)
     rng = random.Random(f"{seed}:{sd.project}:{sd.version}")
     for op in OPERATORS:
@@ -382,6 +383,8 @@ async def _try(sd: Sdist, files: dict[str, bytes], tests: dict[str, bytes],
                graded: set[str], m: Mutation, provider: SandboxProvider,
                config: FactoryConfig) -> tuple[list[str], dict[str, str]] | None:
     """(FAIL_TO_PASS, {test: its message}) when the mutant is a task, else None."""
+    if not still_parses(files[m.path], m):
+        return None
     mutant = {**files, m.path: apply_mutation(files[m.path], m)}
     g = await _grade(_build_task(f"{sd.project}-{sd.version}/mutant", mutant, tests, False),
                      provider, config)

@@ -20,7 +20,8 @@ Operators (`OPERATORS`), each a pure function of the module's AST and bytes:
 
 Only the operator's own bytes change (the token, the constant, the statement's lines):
 the rest of the file — comments, formatting — is the original's, so the reference
-answer is a one-hunk diff. A site whose edit would not parse is not offered. The order
+answer is a one-hunk diff. A site whose edit would not parse is not offered (or, with
+`checked=False`, is left to the caller's `still_parses`). The order
 is the file's (line, column, operator): `factory.py` shuffles it with the seed.
 """
 
@@ -72,9 +73,11 @@ def apply_mutation(source: bytes, m: Mutation) -> bytes:
     return source[:m.start] + m.after + source[m.end:]
 
 
-def mutation_sites(path: str, source: bytes) -> list[Mutation]:
+def mutation_sites(path: str, source: bytes, *, checked: bool = True) -> list[Mutation]:
     """Every mutation `OPERATORS` offer in one module, in source order; [] for a module
-    that does not parse."""
+    that does not parse. `checked`: only edits whose module still parses (a parse of the
+    whole module per site — seconds for a large module; the factory checks the sites it
+    tries instead, `still_parses`)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -88,7 +91,7 @@ def mutation_sites(path: str, source: bytes) -> list[Mutation]:
         found += _node_sites(s, node, id(node) in in_function)
     for f in functions:
         found += _drops(s, f)
-    good = [m for m in found if _parses(apply_mutation(source, m))]
+    good = [m for m in found if not checked or still_parses(source, m)]
     unique = {(m.start, m.end, m.after): m for m in good}
     return sorted(unique.values(), key=lambda m: (m.start, m.end, m.operator, m.after))
 
@@ -150,9 +153,10 @@ def _drops(s: _Source, f: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Mutati
     return out
 
 
-def _parses(source: bytes) -> bool:
+def still_parses(source: bytes, m: Mutation) -> bool:
+    """Whether `source` with `m` made is still valid Python."""
     try:
-        ast.parse(source)
+        ast.parse(apply_mutation(source, m))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True
