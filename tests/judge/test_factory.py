@@ -81,6 +81,18 @@ class ClampCases(unittest.TestCase):  # collected by pytest, whatever its name
 
     def test_wrong_expectation(self):  # fails on the unmodified project too
         self.assertEqual(clamp(3, 0, 10), 4)
+
+
+class Checks:  # a mixin: its tests run (and report) only as AddCases's
+    def test_add_zero(self):
+        assert add(0, 0) == 0
+
+    def test_add_wrong(self):  # fails too: renamed here, where it is defined
+        assert add(1, 1) == 3
+
+
+class AddCases(Checks, unittest.TestCase):
+    pass
 '''
 FILES = {"minicalc/__init__.py": "from minicalc.ops import add, clamp, count_above\n",
          "minicalc/ops.py": OPS, "tests/test_ops.py": TESTS}
@@ -104,12 +116,15 @@ def test_tasks_are_built_and_the_unstable_test_is_left_out(pack):
     assert project["dropped_tests"] == {
         "tests/test_ops.py::test_known_bug": "failed: assert 0.30000000000000004 == 0.3",
         "tests/test_ops.py::ClampCases::test_wrong_expectation":
-            "failed: AssertionError: 3 != 4"}
-    assert len(project["graded_tests"]) == 6
+            "failed: AssertionError: 3 != 4",
+        "tests/test_ops.py::AddCases::test_add_wrong": "failed: assert 2 == 3"}
+    assert "tests/test_ops.py::AddCases::test_add_zero" in project["graded_tests"]
+    assert len(project["graded_tests"]) == 7
     assert not set(project["dropped_tests"]) & set(project["graded_tests"])
     pruned = (out / "minicalc-0.1/tests/tests/test_ops.py").read_text()
     assert f"def {UNSTABLE}test_known_bug" in pruned
     assert f"def {UNSTABLE}test_wrong_expectation" in pruned
+    assert f"def {UNSTABLE}test_add_wrong" in pruned and "def test_add_zero" in pruned
     assert len(manifest["tasks"]) == 2 == len(rep.tasks)
     for entry in manifest["tasks"]:
         assert entry["mutated_files"] == ["minicalc/ops.py"] and entry["tier"] == "trusted"
@@ -143,7 +158,7 @@ def test_the_cli_builds_the_same_pack_from_the_same_seed(pack, tmp_path, capsys)
     assert cli_main(["tasks", "from-sdist", str(sdist), "--out", str(tmp_path / "again"),
                      *ARGS]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert (line["project"], line["tasks"], line["graded_tests"]) == ("minicalc", 2, 6)
+    assert (line["project"], line["tasks"], line["graded_tests"]) == ("minicalc", 2, 7)
     for name in ("tasks.jsonl", "manifest.json", "minicalc-0.1/tests/tests/test_ops.py"):
         assert (tmp_path / "again" / name).read_bytes() == (out / name).read_bytes(), name
 

@@ -196,12 +196,11 @@ async def build_project(sd: Sdist, provider: SandboxProvider, config: FactoryCon
     # limit is the baseline's, times MUTANT_CPU (CPU time does not grow with the load).
     config = replace(config, limits=replace(config.limits, cpu_s=min(
         config.limits.cpu_s, max(MIN_CPU_S, math.ceil(MUTANT_CPU * cpu_s)))))
-    log(f"{name}: mutants get {config.limits.cpu_s:g} s of CPU (the baseline used "
-        f"{cpu_s:.1f} s)")
     rep = ProjectReport(sd.project, sd.version, sd.archive, sd.sha256, config.tier,
                         sorted(graded), dropped)
     rep.tests = tuple(sorted(tests.items()))
-    log(f"{name}: {len(graded)} tests graded, {len(dropped)} dropped")
+    log(f"{name}: {len(graded)} tests graded, {len(dropped)} dropped; mutants get "
+        f"{config.limits.cpu_s:g} s of CPU (the baseline used {cpu_s:.1f} s)")
     sites = ordered_sites(sd, config.seed)
     rep.sites = len(sites)
     files = dict(sd.files)
@@ -286,9 +285,10 @@ async def _baseline(sd: Sdist, provider: SandboxProvider, config: FactoryConfig
         for t in r.tests:
             if not t.passed:
                 dropped.setdefault(t.name, _why(t))
-    stable = {t.name for t in runs[0].tests} - set(dropped)
+    reported = {t.name for r in runs for t in r.tests}
+    stable = reported - set(dropped)
     for _round in range(3):
-        tests, out = _pruned(tests, stable)
+        tests, out = _pruned(tests, stable, reported)
         for n in out:
             dropped.setdefault(n, "left out with its module or function")
         if not stable or not any(is_test_module(p) for p in tests):
@@ -302,6 +302,7 @@ async def _baseline(sd: Sdist, provider: SandboxProvider, config: FactoryConfig
                 dropped.setdefault(n, "left out with its function: another case failed")
             cpu_s = max(g.candidate_cpu_ms for g in [*runs, check]) / 1e3
             return tests, graded, dropped, cpu_s
+        reported |= {t.name for t in check.tests}
         dropped.update({n: f"unstable: {w}" for n, w in failing.items()})
         stable -= set(failing)
         if check.outcome is not Outcome.FAILED:  # the whole run broke: nothing to keep
@@ -327,12 +328,17 @@ def _base(test_id: str) -> str:
     return test_id.split("[", 1)[0]
 
 
-def _pruned(tests: dict[str, bytes], stable: set[str]
+def _pruned(tests: dict[str, bytes], stable: set[str], reported: set[str]
             ) -> tuple[dict[str, bytes], list[str]]:
-    """`tests` with every test function that is not wholly stable renamed out of pytest's
-    sight, and test modules with no stable test left out. (tree, ids left out)"""
+    """`tests` with every reported test function that is not wholly stable renamed out of
+    pytest's sight, and test modules with no stable test left out. (tree, ids left out)
+
+    A test reported through a class that inherits it (`AddCases::test_x`, defined in a
+    mixin `Checks`) is renamed where the module defines a method of that name: its other
+    subclasses lose it too, and the next grading shows which tests remain. A function
+    never reported (a mixin's own method, a helper) is left alone."""
     keep_bases = {_base(n) for n in stable}
-    bad_bases = {_base(n) for n in _all_ids(tests)} - keep_bases
+    bad_bases = {_base(n) for n in reported} - keep_bases
     out: dict[str, bytes] = {}
     gone: list[str] = []
     for path, data in tests.items():
@@ -340,22 +346,22 @@ def _pruned(tests: dict[str, bytes], stable: set[str]
             out[path] = data
             continue
         if not any(b.startswith(path + "::") for b in keep_bases):
-            gone += [b for b in bad_bases if b.startswith(path + "::")]
+            gone += sorted(n for n in reported if n.startswith(path + "::"))
             continue
+        defs = _defs(path, data)
+        ids = {i for i, _ in defs}
+        bad_here = {b for b in bad_bases if b.startswith(path + "::")}
+        inherited = {b.rsplit("::", 1)[1] for b in bad_here
+                     if b not in ids and b.count("::") == 2}
         lines = data.split(b"\n")
-        for test_id, line in _defs(path, data):
-            if test_id in bad_bases or test_id not in keep_bases:
-                fn = test_id.rsplit("::", 1)[1].encode()
-                lines[line - 1] = re.sub(rb"\bdef\s+" + re.escape(fn) + rb"\b",
-                                         b"def " + UNSTABLE.encode() + fn,
+        for test_id, line in defs:
+            fn = test_id.rsplit("::", 1)[1]
+            if test_id in bad_here or (test_id.count("::") == 2 and fn in inherited):
+                lines[line - 1] = re.sub(rb"\bdef\s+" + re.escape(fn.encode()) + rb"\b",
+                                         b"def " + UNSTABLE.encode() + fn.encode(),
                                          lines[line - 1], count=1)
         out[path] = b"\n".join(lines)
-    return out, sorted(gone)
-
-
-def _all_ids(tests: dict[str, bytes]) -> set[str]:
-    return {test_id for path, data in tests.items() if is_test_module(path)
-            for test_id, _ in _defs(path, data)}
+    return out, gone
 
 
 def _defs(path: str, source: bytes) -> list[tuple[str, int]]:
