@@ -8,6 +8,8 @@
     │   ├── schedule.queues.QueueFull              past the scheduler's waiting-room bound
     │   ├── service.errors.NotFound                no such session / submission
     │   ├── service.errors.FieldError              a request field is unusable (names it)
+    │   ├── service.errors.ClientLimit             this client holds as many sessions as one
+    │   │                   client may (429): close some; others still can
     │   ├── store.harbor.HarborError  a Harbor task directory is malformed (names the
     │   │                   file and the field)
     │   ├── cluster.placement.TierUnavailable      no cluster node offers the tier asked for
@@ -43,6 +45,9 @@
     │   │                       not hold (never answered with other weights)
     │   └── train.pipeline.StalenessError  a batch past the staleness bound reached the
     │                       trainer: our producer broke its own rule
+    ├── service.e2b.E2BError  one of the three, rendered in E2B's error shape for its SDK
+    │                       (`{"code", "message"}`): the HTTP status says which (4xx the
+    │                       caller's, 503 capacity or infrastructure, 501 not served)
     └── Unavailable           the work cannot be taken *now* (capacity, a deadline): try
         │                     again later; neither the caller's mistake nor broken machinery
         ├── service.admission.Overloaded       no slot free (503 + Retry-After)

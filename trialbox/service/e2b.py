@@ -43,7 +43,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from trialbox.errors import InfraError, UsageError
+from trialbox.errors import InfraError, TrialboxError, UsageError
 from trialbox.service.admission import Overloaded
 from trialbox.service.errors import ClientLimit, NotFound
 from trialbox.service.models import SessionIn
@@ -65,8 +65,9 @@ TEMPLATES = ("base",)
 router = APIRouter(tags=["e2b"])
 
 
-class E2BError(Exception):
-    """Answered as E2B answers errors: `{"code": status, "message": ...}`."""
+class E2BError(TrialboxError):
+    """Answered as E2B answers errors: `{"code": status, "message": ...}`. Made from one
+    of the three kinds of failure (errors.py); the status says which."""
 
     def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
