@@ -482,7 +482,17 @@ class _Run:
             return self.kill_reason, None, 9, self.kill_message
         st = self.status
         if st is None:
-            if self.peak > 0.8 * self.limits.memory_bytes:  # the sandbox died near the cap
+            # The sandbox died with the run. INFRA only when nothing outside the
+            # candidate says it did it (DESIGN.md decision 1): memory near the cap at the
+            # last poll, or its workspace — a tmpfs read from the host after the death —
+            # full or holding half the memory limit (under load the poll can miss the
+            # climb, and the cgroup's kill can take the sandbox's init with the run).
+            written = self._disk_used() - self.disk_used0
+            if self._disk_full():
+                return (ExecStatus.DISK, None, 9,
+                        f"workspace full (Limits.disk_mb={self.sb.limits.disk_mb})")
+            if self.peak > 0.8 * self.limits.memory_bytes \
+                    or written * 2 >= self.limits.memory_bytes:
                 return self._memory_result()
             return (ExecStatus.INFRA, None, None,
                     f"the sandbox died during the run: {self.c.log_tail()}")
