@@ -247,6 +247,16 @@ def load_tree(store: ArtifactStore, name: str, meta: Mapping[str, Any], owner: i
             assert zstd.stdout is not None
             try:
                 _untar(zstd.stdout, fs, owner, name)
+                # tarfile stops at the end-of-archive blocks; the record padding after
+                # them is still coming: read it, or zstd meets a closed pipe and fails
+                # (under load it was still writing: "not valid zstd" for a good archive)
+                trailing = 0
+                while chunk := zstd.stdout.read(1 << 16):
+                    trailing += len(chunk)
+                    if trailing > 1 << 20:  # a record's padding is 10 KiB at most
+                        zstd.kill()
+                        raise UsageError(f"snapshot archive {name}.tar.zst has data after "
+                                         "its end; save the snapshot again")
             finally:
                 zstd.stdout.close()
                 if zstd.wait() != 0:
