@@ -42,8 +42,9 @@ TEST_DIRS = frozenset({"tests", "test", "testing"})
 _NOT_PACKAGES = TEST_DIRS | {"docs", "doc", "examples", "example", "benchmarks", "bench",
                              "scripts", "tools", "build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dll", ".dylib")
-GET_ONE = ("`pip download --no-binary :all: --no-deps NAME==VERSION -d DIR` writes one "
-           "for a project that publishes its sources")
+GET_ONE = ("`pip download --no-binary :all: --no-deps NAME==VERSION -d DIR` writes (for "
+           "a project that publishes its sources)")
+"""Ends every message that asks for another archive: "give the .tar.gz that …"."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def read_sdist(path: str | Path) -> Sdist:
     if len(tops) != 1 or not any("/" in p for p in members):
         raise UsageError(f"{path.name}: a source distribution holds one top directory "
                          f"(NAME-VERSION/), this one holds {len(tops)} top entries; "
-                         f"give an sdist as {GET_ONE}")
+                         f"give the .tar.gz that {GET_ONE}")
     top = tops.pop()
     tree = {p[len(top) + 1:]: d for p, d in members.items() if p.startswith(top + "/")}
     project, version = _name_version(tree.get("PKG-INFO"), top, path.name)
@@ -112,7 +113,7 @@ def _members(path: Path, raw: bytes) -> dict[str, bytes]:
                     name = clean_path(m.name)
                 except TreeError as e:
                     raise UsageError(f"{path.name}: member {m.name!r} refused: {e}; give "
-                                     f"the source distribution that {GET_ONE}") from None
+                                     f"the .tar.gz that {GET_ONE}") from None
                 total += m.size
                 if total > MAX_BYTES:
                     raise UsageError(f"{path.name}: more than {MAX_BYTES >> 20} MiB "
@@ -122,10 +123,10 @@ def _members(path: Path, raw: bytes) -> dict[str, bytes]:
                     out[name] = f.read()
     except (tarfile.TarError, EOFError, OSError) as e:
         raise UsageError(f"{path.name}: not a readable .tar.gz archive ({e}); give the "
-                         f"source distribution that {GET_ONE}") from None
+                         f".tar.gz that {GET_ONE}") from None
     if not out:
-        raise UsageError(f"{path.name}: the archive holds no files; give the source "
-                         f"distribution that {GET_ONE}")
+        raise UsageError(f"{path.name}: the archive holds no files; give the .tar.gz "
+                         f"that {GET_ONE}")
     return out
 
 
