@@ -25,6 +25,7 @@ ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from tests.conftest import eventually  # noqa: E402
 from tests.cluster.test_ray_cluster import (  # noqa: E402
     head_cluster,
     driving,
@@ -83,9 +84,13 @@ def test_humaneval_graded_in_gvisor_on_a_node(cluster: Cluster, tmp_path: Path) 
             assert info["tiers"] == ["gvisor"] and info["engines"] == {"gvisor": "runsc"}
             pools = info["pools"]
             # the live provider is what leaks_of sees (so its "nothing left" means it)
-            live = await asyncio.to_thread(leaks_of, pools)
-            assert live["cgroups"] and live["state"] and live["processes"], live
-            assert runsc_processes(pools)
+            # (its warm sandboxes start in the background: on a loaded host the first may
+            # not be up yet when the node has joined)
+            def up() -> bool:
+                live = leaks_of(pools)
+                return bool(live["cgroups"] and live["state"] and live["processes"]
+                            and runsc_processes(pools))
+            assert await eventually(up, 30), leaks_of(pools)
             ev = ClusterEvaluator(index(tasks), be, "eval:gv", tier="gvisor", workers=2)
             fp = inputs_fingerprint(b"", list(index(tasks)), repeat=1, reward="binary",
                                     time_scale=None, amplified=None)
