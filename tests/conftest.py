@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from trialbox.sandbox import CellPool, PoolConfig
+from trialbox.sandbox.uids import pids_running_as
 
 T = TypeVar("T")
 
@@ -68,22 +69,12 @@ class Runner:
 
         Candidates cannot leave their cell's cgroup, so membership identifies them."""
         assert self.pool.uids is not None
-        lo = self.pool.uids.first
-        hi = lo + self.pool.uids.count
         found = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:"):
-                            if any(lo <= int(u) < hi for u in line.split()[1:]):
-                                # only this pool's (another test run may share the uids)
-                                with open(f"/proc/{name}/cgroup") as g:
-                                    if self.pool.id in g.read():
-                                        found.append(int(name))
-                            break
+        for pid in pids_running_as(self.pool.uids.first, self.pool.uids.count):
+            try:  # only this pool's (another test run may share the uids)
+                with open(f"/proc/{pid}/cgroup") as g:
+                    if self.pool.id in g.read():
+                        found.append(pid)
             except OSError:
                 pass
         return found

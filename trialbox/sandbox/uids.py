@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from types import TracebackType
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable
@@ -132,9 +133,9 @@ def _try_lock(lease_dir: str, first: int) -> int | None:
     return fd
 
 
-def _uids_running(first: int, count: int) -> bool:
-    """Whether any process runs with a real, effective, saved or filesystem uid in the
-    range (a dead holder's sandboxes, still dying)."""
+def pids_running_as(first: int, count: int) -> Iterator[int]:
+    """Host pids of processes with a real, effective, saved or filesystem uid in the
+    range."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -143,8 +144,12 @@ def _uids_running(first: int, count: int) -> bool:
                 for line in f:
                     if line.startswith("Uid:"):
                         if any(first <= int(u) < first + count for u in line.split()[1:]):
-                            return True
+                            yield int(name)
                         break
         except OSError:
             continue
-    return False
+
+
+def _uids_running(first: int, count: int) -> bool:
+    """Whether any process runs in the range (a dead holder's sandboxes, still dying)."""
+    return next(pids_running_as(first, count), None) is not None
