@@ -117,7 +117,8 @@ def test_verl_cases(url: str) -> None:
 def test_memory_and_output_statuses_it_lacks(url: str) -> None:
     api, _ = verl_call(url, "x = bytearray(512 << 20)\nprint(len(x))", memory_limit_mb=64)
     assert api is not None
-    assert api["status"] == "Failed" and api["run_result"]["status"] == "Error"
+    assert api["status"] == "Failed" and api["run_result"]["status"] == "Finished"
+    assert api["run_result"]["return_code"] == -9
     assert api["run_result"]["trialbox_status"] == "memory"
     assert "memory" in api["run_result"]["message"].lower()
     assert verl_classify(api, None) == "runtime_error"

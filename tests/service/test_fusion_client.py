@@ -27,7 +27,9 @@ from sandbox_fusion import (  # the dev extra (pip install -e .[dev]); never ski
     RunStatus,
     run_code,
     run_concurrent,
+    SummaryMapping,
     run_jupyter,
+    summary_run_code_result,
 )
 
 from tests.conftest import load_scaled
@@ -181,14 +183,29 @@ def test_memory_bomb_in_every_language_is_stopped(server: Server) -> None:
         got = resp.dict()["run_result"]
         assert got is not None, (lang, resp.compile_result)
         if lang in JVM:  # the JVM's heap (a quarter of the sandbox's memory) fills first
-            assert got["status"] in ("Error", "Finished") and got["return_code"] != 0
-            assert ("OutOfMemoryError" in (got["stdout"] or "") + (got["stderr"] or "")
-                    or got["status"] == "Error"), (lang, got)
-        else:  # the sandbox's limit: Error (trialbox_status `memory`; native, below).
-            # A test runner whose test process was killed reports its own exit code.
-            assert got["status"] == "Error", (lang, got)
+            assert got["status"] == "Finished" and got["return_code"] != 0, (lang, got)
+            out = (got["stdout"] or "") + (got["stderr"] or "")
+            assert "OutOfMemoryError" in out or "trialbox: memory limit" in out, (lang, got)
+        else:  # the sandbox's limit: Finished with a return code, the reason on
+            # stderr, as SandboxFusion reports its kills (trialbox_status `memory`:
+            # native, below). A test runner whose test process was killed reports its
+            # own exit code.
+            assert got["status"] == "Finished" and got["return_code"] != 0, (lang, got)
+            assert "trialbox: memory limit" in got["stderr"], (lang, got)
             if lang not in RUNNERS:
-                assert got["return_code"] is None, (lang, got)
+                assert got["return_code"] == -9, (lang, got)
+
+
+def test_memory_kill_reads_as_the_clients_read_it(server: Server) -> None:
+    """The reason where the typed client keeps it (stderr; it drops `message` and
+    `trialbox_status`), and a return code its `summary_run_code_result` can classify —
+    it raises on a null one."""
+    resp = call(server, code=BOMBS["python"], language="python", memory_limit_MB=128)
+    run = resp.run_result
+    assert resp.status == RunStatus.Failed and run is not None
+    assert run.status == CommandRunStatus.Finished and run.return_code == -9
+    assert "trialbox: memory limit" in (run.stderr or ""), run
+    assert summary_run_code_result(resp, SummaryMapping(RunFailed="oom")) == "oom"
 
 
 def test_memory_bomb_native_verdicts_match(server: Server) -> None:
@@ -210,7 +227,7 @@ def test_memory_limit_mb_is_honoured(server: Server) -> None:
                                                    memory_limit_MB=128).dict()
     small = call(server, code=ALLOC.format(mb=300), language="python", memory_limit_MB=128)
     assert small.status == RunStatus.Failed
-    assert small.run_result is not None and small.run_result.status == CommandRunStatus.Error
+    assert small.run_result is not None and small.run_result.return_code == -9
     big = call(server, code=ALLOC.format(mb=600), language="python", memory_limit_MB=1024)
     assert big.status == RunStatus.Success, big
     assert big.run_result is not None and big.run_result.stdout == "600\n"
@@ -234,6 +251,43 @@ def test_stdin_files_and_fetch_files(server: Server) -> None:
     assert resp.run_result is not None and resp.run_result.stdout == "done\n"
     assert base64.b64decode(resp.files["out.txt"]) == b"ABC!"
     assert "missing.txt" not in resp.files
+
+
+def test_absolute_file_paths_are_placed_as_sandboxfusion_places_them(
+        server: Server) -> None:
+    """SandboxFusion writes an absolute `files` name at that path (its docs' example is
+    /tmp/flag.txt) and fetches an absolute `fetch_files` name from there; a relative
+    name is in the directory the code runs in. One attempt: a 400 here would be retried
+    by the client for ~50 s."""
+    code = "\n".join([
+        "import os",
+        "got = [open(p).read() for p in ('/tmp/flag.txt', '/tmp/a/b/deep.txt',",
+        "                                '/workspace/in/ws.txt', 'rel.txt')]",
+        "os.makedirs('/tmp/out', exist_ok=True)",
+        "open('/tmp/out/result.txt', 'w').write(''.join(got))",
+        "print(sorted(os.listdir('.')))"])
+    b64 = {name: base64.b64encode(data).decode() for name, data in (
+        ("/tmp/flag.txt", b"F"), ("/tmp/a/b/deep.txt", b"D"),
+        ("/workspace/in/ws.txt", b"W"), ("rel.txt", b"R"))}
+    resp = call(server, code=code, language="python", files=b64,
+                fetch_files=["/tmp/out/result.txt", "/tmp/flag.txt", "/tmp/none.txt",
+                             "/workspace/rel.txt"])
+    assert resp.status == RunStatus.Success, resp
+    assert resp.run_result is not None
+    assert ".trialbox-files" not in (resp.run_result.stdout or ""), resp.run_result.stdout
+    got = {name: base64.b64decode(data) for name, data in resp.files.items()}
+    assert got == {"/tmp/out/result.txt": b"FDWR", "/tmp/flag.txt": b"F",
+                   "/workspace/rel.txt": b"R"}
+    # run_jupyter takes the same files
+    nb = run_jupyter(RunJupyterRequest(cells=["print(open('/tmp/flag.txt').read())"],
+                                       files={"/tmp/flag.txt": b64["/tmp/flag.txt"]}),
+                     endpoint=server.url, max_attempts=1, client_timeout=60)
+    assert nb.status == RunStatus.Success and nb.cells[0].stdout == "F\n", nb
+    # where no file can go (the read-only rest of the file system): refused at once,
+    # naming the places that take one
+    with pytest.raises(Exception, match=r"400.*/etc/x.*/workspace/, /tmp/, /dev/shm/"):
+        call(server, code="print(1)", language="python",
+             files={"/etc/x": b64["rel.txt"]})
 
 
 def test_timeout_and_compile_error(server: Server) -> None:

@@ -226,9 +226,14 @@ def _r(status: ExecStatus, **kw: object) -> ExecResult:
     (_r(ExecStatus.EXIT, exit_code=3), "Failed", "Finished", 3),
     (_r(ExecStatus.SIGNAL, signal=11), "Failed", "Finished", -11),
     (_r(ExecStatus.TIMEOUT, signal=9), "Failed", "TimeLimitExceeded", None),
-    (_r(ExecStatus.MEMORY, signal=9), "Failed", "Error", None),
-    (_r(ExecStatus.OUTPUT, signal=9), "Failed", "Error", None),
-    (_r(ExecStatus.DISK, exit_code=1), "Failed", "Error", 1),
+    # a limit's stop: as SandboxFusion's kills read (a return code), the reason on stderr
+    (_r(ExecStatus.MEMORY, signal=9, message="memory passed Limits.memory_mb=64"),
+     "Failed", "Finished", -9),
+    (_r(ExecStatus.MEMORY, message="memory passed Limits.memory_mb=64"),
+     "Failed", "Finished", -9),
+    (_r(ExecStatus.OUTPUT, signal=9, stderr=b"partial", message="stdout past 1 MiB"),
+     "Failed", "Finished", -9),
+    (_r(ExecStatus.DISK, exit_code=1, message="workspace full"), "Failed", "Finished", 1),
     (_r(ExecStatus.INFRA, message="zygote died"), "SandboxError", "Error", None),
 ])
 def test_fusion_status_mapping(result: ExecResult, top: str, run: str,
@@ -238,6 +243,12 @@ def test_fusion_status_mapping(result: ExecResult, top: str, run: str,
     assert res["run_result"]["return_code"] == code
     assert res["run_result"]["trialbox_status"] == result.status.value
     assert res["compile_result"] is None
+    stderr = res["run_result"]["stderr"]
+    if result.status in (ExecStatus.MEMORY, ExecStatus.OUTPUT, ExecStatus.DISK):
+        assert stderr == (result.stderr_text + ("\n" if result.stderr else "")
+                          + f"trialbox: {result.status.value} limit: {result.message}\n")
+    else:
+        assert stderr == result.stderr_text
 
 
 def test_fusion_compile_failure_has_no_run_result() -> None:

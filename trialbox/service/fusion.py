@@ -20,11 +20,16 @@ Response (`RunCodeResponse`):
                         "message": why, "peak_memory_bytes": int}
 
 `status` values stay inside SandboxFusion's enums, so typed clients (whose enums would
-reject a new value) keep working; what SandboxFusion cannot say — the memory limit, an
-output flood, a full disk — is in `trialbox_status` and `message` of the same result
-(`status` is `Error` for those). The mapping is in docs/service.md. A failure of the
-machinery is never a wrong answer: the top-level status is `SandboxError` and
-`trialbox_status` is `infra`.
+reject a new value) keep working. A program a limit stopped — memory, an output flood, a
+full disk — is reported as SandboxFusion reports its own memory kills: `Finished` with a
+return code (−9 when the limit killed it) and the reason on the last line of `stderr`,
+where its clients read (`trialbox: memory limit: …`), besides `trialbox_status` and
+`message`. The mapping is in docs/service.md. A failure of the machinery is never a
+wrong answer: the top-level status is `SandboxError` and `trialbox_status` is `infra`.
+
+`files` and `fetch_files` may name absolute paths, as SandboxFusion's do: under
+/workspace/ (where the code runs, the base of relative names), /tmp/ or /dev/shm/
+(names.py places and fetches them).
 """
 
 from __future__ import annotations
@@ -44,11 +49,18 @@ router = APIRouter(tags=["sandboxfusion"])
 
 RUN_STATUS = {ExecStatus.OK: "Finished", ExecStatus.EXIT: "Finished",
               ExecStatus.SIGNAL: "Finished", ExecStatus.TIMEOUT: "TimeLimitExceeded",
-              ExecStatus.MEMORY: "Error", ExecStatus.OUTPUT: "Error",
-              ExecStatus.DISK: "Error", ExecStatus.INFRA: "Error"}
-"""Our outcome → SandboxFusion's `CommandRunStatus`. A program that ran to its end (or
-crashed by itself) `Finished` with its return code; ours killed it for time:
-`TimeLimitExceeded`; for another limit: `Error` (+ `trialbox_status` says which)."""
+              ExecStatus.MEMORY: "Finished", ExecStatus.OUTPUT: "Finished",
+              ExecStatus.DISK: "Finished", ExecStatus.INFRA: "Error"}
+"""Our outcome → SandboxFusion's `CommandRunStatus`. A program that ran to its end,
+crashed by itself, or was stopped by a limit other than time `Finished` with a return
+code, as SandboxFusion's own runs end (its memory limit is the kernel's: the program
+fails or is killed); ours killed it for time: `TimeLimitExceeded`; the machinery
+failed: `Error`."""
+
+LIMITS = frozenset({ExecStatus.MEMORY, ExecStatus.OUTPUT, ExecStatus.DISK})
+"""Stopped by a limit: the reason is added to `stderr` (SandboxFusion's clients read
+`stderr`; typed ones drop `trialbox_status` and `message`)."""
+SIGKILL = 9
 
 
 class RunCodeRequest(BaseModel):
@@ -67,13 +79,30 @@ class RunCodeRequest(BaseModel):
                                    description="files returned (base64) after the run")
 
 
+def return_code(r: ExecResult) -> int | None:
+    """The exit code, else −signal (as Python's subprocess gives it, which SandboxFusion
+    passes on); a limit's kill with no signal recorded is −9 (SIGKILL); None for a
+    run stopped for time or lost to the machinery, as there."""
+    if r.status in (ExecStatus.TIMEOUT, ExecStatus.INFRA):
+        return None
+    if r.exit_code is not None:
+        return r.exit_code
+    return -(r.signal or SIGKILL) if r.signal is not None or r.status in LIMITS else None
+
+
+def stderr_of(r: ExecResult) -> str:
+    """The program's stderr, and for a limit's stop a last line saying which."""
+    text = r.stderr_text
+    if r.status not in LIMITS:
+        return text
+    sep = "\n" if text and not text.endswith("\n") else ""
+    return f"{text}{sep}trialbox: {r.status.value} limit: {r.message or 'reached'}\n"
+
+
 def command_result(r: ExecResult) -> dict[str, Any]:
     return {"status": RUN_STATUS[r.status], "execution_time": round(r.wall_ms / 1000, 6),
-            "cpu_time": round(r.cpu_ms / 1000, 6),
-            "return_code": (r.exit_code if r.exit_code is not None
-                            else -r.signal if r.signal is not None
-                            and r.status is ExecStatus.SIGNAL else None),
-            "stdout": r.stdout_text, "stderr": r.stderr_text,
+            "cpu_time": round(r.cpu_ms / 1000, 6), "return_code": return_code(r),
+            "stdout": r.stdout_text, "stderr": stderr_of(r),
             "trialbox_status": r.status.value, "message": r.message,
             "peak_memory_bytes": r.peak_memory_bytes}
 

@@ -49,14 +49,13 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from trialbox.errors import UsageError
 from trialbox.sandbox.base import Sandbox, passes_fds
 from trialbox.service.admission import Ticket
 from trialbox.service.errors import FieldError
 from trialbox.service.execute import guarded, placed_twice
 from trialbox.service.fusion import command_result
 from trialbox.service.models import decode_b64, encode_b64
-from trialbox.service.names import read_named
+from trialbox.service.names import read_all, write_all
 from trialbox.service.state import ServiceState
 from trialbox.types import ExecResult, ExecStatus
 
@@ -192,18 +191,14 @@ async def run_jupyter(body: RunJupyterRequest, request: Request) -> dict[str, An
         async def attempt() -> tuple[ExecResult, bytes, dict[str, str]]:
             async with ctx.lease(limits) as sb:
                 holder[:] = [sb]
-                for path, data in files.items():
-                    await sb.write_file(path, data)
+                await write_all(sb, files)  # absolute paths: names.py
                 await sb.write_file(DRIVER, _driver_source())
                 await sb.write_file(CELLS, json.dumps(body.cells).encode())
                 ran, raw = await _run_driver(sb, body.cell_timeout, limits,
                                              state.provider)
-                fetched: dict[str, str] = {}
-                for path in body.fetch_files:
-                    try:
-                        fetched[path] = encode_b64(await read_named(sb, path))
-                    except UsageError:
-                        pass
+                fetched = {path: encode_b64(data) for path, data
+                           in (await read_all(sb, body.fetch_files)).items()
+                           if data is not None}
                 await ctx.leaser.end(ctx.task_id)
             return ran, raw, fetched
 

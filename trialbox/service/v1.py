@@ -58,7 +58,14 @@ from trialbox.service.models import (
     encode_b64,
     resolve_limits,
 )
-from trialbox.service.names import escaped, read_named, shown
+from trialbox.service.names import (
+    escaped,
+    outside,
+    read_all,
+    read_named,
+    shown,
+    write_all,
+)
 from trialbox.service.state import ServiceState, Session
 from trialbox.types import ExecResult, Grade, Limits, Task, TaskKind
 
@@ -294,6 +301,8 @@ async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
     """A fresh sandbox: write `files`, run, read `fetch_files` (None for a missing one),
     close. Shared by /v1/exec and /run_code."""
     language_spec(body.language, offer(state))
+    for path in files:  # an absolute path where no file can go: refused before a slot
+        outside(path)
     limits = resolve_limits(body.limits, state.config)
     stdin = _stdin(body.stdin, body.stdin_b64)
     state.require_provider()
@@ -308,17 +317,12 @@ async def one_shot(state: ServiceState, request: Request, body: OneShotIn,
             # never needs it parked).
             async with ctx.lease(limits) as sb:
                 holder[:] = [sb]
-                for path, data in files.items():
-                    await sb.write_file(path, data)
+                await write_all(sb, files)  # absolute paths: names.py
                 result = await run_code(sb, body.code, body.language, stdin=stdin,
                                         args=body.args, limits=limits,
                                         compile_limits=compile_limits)
-                fetched: dict[str, str | None] = {}
-                for path in body.fetch_files:
-                    try:
-                        fetched[path] = encode_b64(await read_named(sb, path))
-                    except UsageError:
-                        fetched[path] = None
+                fetched = {path: None if data is None else encode_b64(data)
+                           for path, data in (await read_all(sb, body.fetch_files)).items()}
                 await ctx.leaser.end(ctx.task_id)
             return result, fetched
 
