@@ -160,3 +160,45 @@ def test_a_stdio_answer_is_graded_in_its_own_language() -> None:
         assert reward(completions=[[{"role": "assistant", "content": cpp}]],
                       task=[double]) == [1.0]
         assert reward(completions=[cpp], task=[double], language=["python"]) == [0.0]
+
+
+class _Languages:
+    """A fake grader recording the language each stdio answer was graded in."""
+
+    def __init__(self) -> None:
+        self.languages: list[str | None] = []
+
+    async def grade(self, task: Task, completion: str, language: str | None = None,
+                    **_: Any) -> Grade:
+        self.languages.append(language)
+        return Grade(task.task_id, Outcome.PASSED)
+
+
+def test_the_languages_the_machine_runs_are_looked_up_once(monkeypatch: Any) -> None:
+    """Issue 30: `offered()` (a look at every toolchain's files) ran for every completion
+    of every call; a reward function looks once, at its first fenced stdio answer."""
+    import trialbox.integrations.trl as trl_module
+    calls: list[int] = []
+    real = trl_module.offered
+
+    def counted() -> list[str]:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(trl_module, "offered", counted)
+    double = {"task_id": "io/double", "kind": "stdio", "prompt": "Print twice the int.",
+              "tests": [{"stdin": "2\n", "expected": "4\n"}]}
+    cpp, py = "```cpp\nint main(){}\n```", "```python\nprint(1)\n```"
+    for cls in (TrialboxReward, AsyncTrialboxReward):
+        calls.clear()
+        fake = _Languages()
+        reward = cls([], grader=fake)
+        for _ in range(3):
+            got = reward(completions=[cpp, py, cpp], task=[double] * 3)
+            if asyncio.iscoroutine(got):
+                got = asyncio.run(got)
+            assert got == [1.0, 1.0, 1.0]
+        assert fake.languages == ["cpp", "python", "cpp"] * 3
+        assert len(calls) == 1, cls.__name__
+        if isinstance(reward, TrialboxReward):
+            reward.close()

@@ -109,6 +109,23 @@ def test_verls_inputs_outputs_shape_in_any_language_the_node_runs(
         _score(loaded, "x", {"inputs": ["1\n"], "outputs": []})
 
 
+def test_the_languages_the_node_runs_are_looked_up_once(
+        loaded: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30: `offered()` (a look at every toolchain's files) ran for every sample;
+    it runs once per process (the module as verl loads it is fresh here)."""
+    calls: list[int] = []
+    real = loaded.offered
+
+    def counted() -> list[str]:
+        calls.append(1)
+        return list(real())
+
+    monkeypatch.setattr(loaded, "offered", counted)
+    for _ in range(3):
+        assert _score(loaded, CPP_DOUBLE, IO)["score"] == 1.0
+    assert len(calls) == 1
+
+
 def test_data_source_chooses_the_task_set(loaded: ModuleType, tmp_path: Any,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     mine = tmp_path / "mine.jsonl"

@@ -50,6 +50,15 @@ class _Base:
         self.row_column = row_column
         self.grades: list[Grade] = []
         """Every grade so far, in call order (what the rewards were made from)."""
+        self._languages: frozenset[str] | None = None
+
+    def offered(self) -> frozenset[str]:
+        """The languages this machine runs, looked up once per reward function (each
+        `offered()` checks every toolchain's files on disk), at its first stdio answer
+        with no `language` column."""
+        if self._languages is None:
+            self._languages = frozenset(offered())
+        return self._languages
 
     def _items(self, completions: Sequence[Any],
                columns: dict[str, Any]) -> list[tuple[Task, str, str | None]]:
@@ -76,7 +85,7 @@ class _Base:
             if task.kind is TaskKind.STDIO:
                 given = langs[i] if langs is not None else None
                 lang = given if isinstance(given, str) and given else \
-                    fence_language(text, offered())  # one this machine runs
+                    fence_language(text, self.offered())  # one this machine runs
             out.append((task, answer_of(task, text, language=lang), lang))
         return out
 

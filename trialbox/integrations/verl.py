@@ -35,6 +35,7 @@ skip a sample, so an infrastructure failure (trialbox's reward None) scores 0.0 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -131,7 +132,14 @@ def _language(task: Task, solution: str, extra_info: Any, remote: bool) -> str |
         return None
     given = extra_info.get("language") if isinstance(extra_info, dict) else None
     return given if isinstance(given, str) and given else (
-        fence_language(solution, None if remote else offered()) or "python")
+        fence_language(solution, None if remote else local_languages()) or "python")
+
+
+@functools.cache
+def local_languages() -> frozenset[str]:
+    """The languages this machine runs, looked up once per process (`offered()` checks
+    every toolchain's files on disk: not once per sample)."""
+    return frozenset(offered())
 
 
 def _local(task: Task, answer: str, language: str | None) -> float | None:
