@@ -1,5 +1,7 @@
 """Class K of issue 28: what sandboxes share with the host and with each other, on the
-real namespace tier (docs/adversary.md, section K).
+real tiers (docs/adversary.md, section K): the uid leases on the namespace tier, the
+runtime's inodes and host-wide flushes on every tier (namespace on both cell paths,
+container with runc and crun, gvisor).
 
 Two kinds of sharing, each an attack a red team ran against main before the fix:
 
@@ -7,9 +9,11 @@ Two kinds of sharing, each an attack a red team ran against main before the fix:
   same host uid (both pools counted from one base), so one session shrank the other's
   pipes. Host uids are now leased per node (uids.py).
 * the runtime's inodes: /usr, the root template and the /dev nodes were the host's (or
-  the pool's) own inodes, so inotify watched other sessions' and the host's opens,
-  flock passed bits between sessions, fadvise(DONTNEED) emptied the host's page cache of
-  the runtime and sync() flushed every host filesystem.
+  the pool's or provider's) own inodes, so inotify watched other sessions' and the
+  host's opens, flock passed bits between sessions, fadvise(DONTNEED) emptied the host's
+  page cache of the runtime and sync() flushed every host filesystem. The namespace
+  tier's cells got overlays of their own first (2208c9c), the container tier's
+  containers after.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import sys
 import textwrap
 import time
 
-from tests.conftest import load_scaled
-from tests.sandbox import conftest as sandbox_suite
+from collections.abc import Iterator
 
-runner = sandbox_suite.runner  # fixtures: the class 1 tests run on both cell paths
-run_one = sandbox_suite.run_one
+import pytest
+
+from tests.adversarial.tiers import Tier
+from tests.conftest import load_scaled
+from tests.sandbox.conftest import limits
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # ------------------------------------------------ class 2: a host uid per session, node-wide
@@ -140,29 +147,39 @@ def test_a_killed_pool_process_gives_its_uids_back(tmp_path):
 # ------------------------------------------- class 1: the runtime's inodes are the cell's
 
 RUNTIME_PATHS = ["/usr/bin/true", "/etc/hostname", "/dev/null", "/proc/self/exe"]
-"""One of each kind a cell sees: the runtime (/usr), the pool's root template, a device
+"""One of each kind a sandbox sees: the runtime (/usr), the root template, a device
 node, and the interpreter every Python candidate runs in."""
 
-
-def _host_paths(runner):
-    """What each of RUNTIME_PATHS was on the host before the fix (its own inode)."""
-    pool = runner.pool
-    return ["/usr/bin/true", os.path.join(pool.root, "etc/hostname"), "/dev/null",
-            os.path.realpath(pool.runtime.python)]
+CLASS1_TIERS = ["namespace", "namespace:python", "container", "container:crun", "gvisor"]
 
 
-async def _while_held(runner, code, during):
+@pytest.fixture(scope="module", params=CLASS1_TIERS)
+def tier(request: pytest.FixtureRequest) -> Iterator[Tier]:
+    t = Tier(request.param)
+    yield t
+    t.close()
+
+
+def _host_paths(tier):
+    """The host's files behind RUNTIME_PATHS: what a sandbox's were before the fix (its
+    /dev/null: the host's on the namespace tier, the provider's nodes on the container
+    tier; both are here), and the tier's device nodes."""
+    paths = ["/usr/bin/true", os.path.join(tier.template, "etc/hostname"), "/dev/null",
+             tier.python]
+    if tier.dev_nodes is not None:
+        paths.append(os.path.join(tier.dev_nodes, "null"))
+    return paths
+
+
+async def _while_held(tier, code, during):
     """Run `code` in a session; once it writes a byte on fd 3 (its set-up is done), run
     `during()` (the host and a sibling session acting), then answer so it finishes."""
     import asyncio
     import socket
-
-    from tests.sandbox.conftest import limits
-    from trialbox.sandbox import NamespaceSandbox
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     loop = asyncio.get_running_loop()
-    async with await NamespaceSandbox.open(runner.pool, limits(wall_s=load_scaled(20))) as sb:
+    async with await tier.provider.open(limits(wall_s=load_scaled(20))) as sb:
         task = asyncio.ensure_future(
             sb.exec(["python3", "-c", code], pass_fds={3: theirs.fileno()}))
         theirs.detach()  # the sandbox owns it now
@@ -177,10 +194,9 @@ async def _while_held(runner, code, during):
     return result, seen
 
 
-async def _sibling(runner, code):
-    from tests.sandbox.conftest import limits
-    from trialbox.sandbox import NamespaceSandbox, run_code
-    async with await NamespaceSandbox.open(runner.pool, limits()) as sb:
+async def _sibling(tier, code):
+    from trialbox.sandbox import run_code
+    async with await tier.provider.open(limits()) as sb:
         return await run_code(sb, code)
 
 
@@ -213,7 +229,7 @@ print(json.dumps(seen))
 """ % (RUNTIME_PATHS,)
 
 
-def test_inotify_on_the_runtime_sees_neither_the_host_nor_other_sessions(runner):
+def test_inotify_on_the_runtime_sees_neither_the_host_nor_other_sessions(tier):
     """A watch on /usr/bin/true, /etc/hostname, /dev/null and /proc/self/exe while the
     host and a sibling session open, read, write and exec them: no event (before: every
     one of them, a live list of what others run). A watch on its own file still works."""
@@ -221,20 +237,20 @@ def test_inotify_on_the_runtime_sees_neither_the_host_nor_other_sessions(runner)
         with open("/usr/bin/true", "rb") as f:
             f.read(64)
         subprocess.run(["/usr/bin/true"], check=True)
-        with open(os.path.join(runner.pool.root, "etc/hostname")) as f:
+        with open(os.path.join(tier.template, "etc/hostname")) as f:
             f.read()
-        with open("/dev/null", "w") as f:
-            f.write("x")
-        subprocess.run([os.path.realpath(runner.pool.runtime.python), "-I", "-c", "pass"],
-                       check=True)
+        for dev in _host_paths(tier)[4:] + ["/dev/null"]:
+            with open(dev, "w") as f:
+                f.write("x")
+        subprocess.run([tier.python, "-I", "-c", "pass"], check=True)
 
     async def during():
         host_acts()
-        return await _sibling(runner, "for p in %r:\n"
+        return await _sibling(tier, "for p in %r:\n"
                                       "    open(p, 'rb').read(64)\n"
                                       "open('/dev/null', 'w').write('x')\n"
                                       % (RUNTIME_PATHS,))
-    r, sibling = runner.run(_while_held(runner, WATCHER, during))
+    r, sibling = tier.run(_while_held(tier, WATCHER, during))
     assert sibling.status.value == "ok", sibling.stderr
     assert r.status.value == "ok", r.stderr[-2000:]
     seen = json.loads(r.stdout)
@@ -243,21 +259,27 @@ def test_inotify_on_the_runtime_sees_neither_the_host_nor_other_sessions(runner)
 
 
 LOCKER = """
-import fcntl, os, struct
-held = []
-for p in %r:
+import errno, fcntl, json, os, struct
+held, got = [], {}
+def lock(p, how):
     fd = os.open(p, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    ofd = os.open(p, os.O_RDONLY)
-    fcntl.fcntl(ofd, 37, struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0))  # F_OFD_SETLK
-    held += [fd, ofd]
+    held.append(fd)
+    try:
+        how(fd)
+        return 'held'
+    except OSError as e:  # gVisor: no OFD locks, no flock on a device
+        return errno.errorcode[e.errno]
+for p in %r:
+    got[p] = [lock(p, lambda fd: fcntl.flock(fd, fcntl.LOCK_EX)),
+              lock(p, lambda fd: fcntl.fcntl(fd, 37,  # F_OFD_SETLK
+                                             struct.pack('hhqqi4x', fcntl.F_RDLCK, 0, 0, 0, 0)))]
 os.write(3, b'r')
 os.read(3, 1)
-print(len(held))
+print(json.dumps(got))
 """ % (RUNTIME_PATHS,)
 
 PROBE = """
-import fcntl, json, os, struct
+import errno, fcntl, json, os, struct
 def probe(paths):
     out = {}
     for p in paths:
@@ -267,29 +289,41 @@ def probe(paths):
             fl = 'free'
         except BlockingIOError:
             fl = 'held'
-        r = fcntl.fcntl(fd, 36, struct.pack('hhqqi4x', fcntl.F_WRLCK, 0, 0, 0, 0))
-        ofd = 'free' if struct.unpack('hhqqi4x', r)[0] == fcntl.F_UNLCK else 'held'
+        except OSError as e:
+            fl = errno.errorcode[e.errno]
+        try:
+            r = fcntl.fcntl(fd, 36, struct.pack('hhqqi4x', fcntl.F_WRLCK, 0, 0, 0, 0))
+            ofd = 'free' if struct.unpack('hhqqi4x', r)[0] == fcntl.F_UNLCK else 'held'
+        except OSError as e:  # F_OFD_GETLK
+            ofd = errno.errorcode[e.errno]
         os.close(fd)
         out[p] = [fl, ofd]
     return out
 """
 
 
-def test_flock_and_ofd_locks_on_the_runtime_reach_no_one(runner):
+def test_flock_and_ofd_locks_on_the_runtime_reach_no_one(tier):
     """One session holds flock and OFD locks on the runtime's files; a concurrent
     session and the host find every one of them free (before: held — a covert channel
-    between sessions, and a way to block host tools that lock those files)."""
+    between sessions, and a way to block host tools that lock those files). gVisor
+    refuses OFD locks (EINVAL) and flock on a device (ENOLCK): nothing to share."""
     async def during():
         scope: dict = {}
         exec(PROBE, scope)
-        host = scope["probe"](_host_paths(runner))
-        sib = await _sibling(runner, PROBE + "print(json.dumps(probe(%r)))" % (RUNTIME_PATHS,))
+        host = scope["probe"](_host_paths(tier))
+        sib = await _sibling(tier, PROBE + "print(json.dumps(probe(%r)))" % (RUNTIME_PATHS,))
         return host, sib
-    r, (host, sib) = runner.run(_while_held(runner, LOCKER, during))
-    assert r.status.value == "ok" and r.stdout == b"8\n", r.stderr[-2000:]
+    r, (host, sib) = tier.run(_while_held(tier, LOCKER, during))
+    assert r.status.value == "ok", r.stderr[-2000:]
     assert sib.status.value == "ok", sib.stderr[-2000:]
-    assert json.loads(sib.stdout) == {p: ["free", "free"] for p in RUNTIME_PATHS}
-    assert host == {p: ["free", "free"] for p in _host_paths(runner)}
+    got, seen = json.loads(r.stdout), json.loads(sib.stdout)
+    if tier.kind == "gvisor":
+        refused = {p: [v if v != "held" else "free" for v in got[p]] for p in RUNTIME_PATHS}
+        assert seen == refused, (got, seen)
+    else:
+        assert got == {p: ["held", "held"] for p in RUNTIME_PATHS}, got
+        assert seen == {p: ["free", "free"] for p in RUNTIME_PATHS}, seen
+    assert host == {p: ["free", "free"] for p in _host_paths(tier)}
 
 
 def _cached_pages(path):
@@ -317,13 +351,13 @@ RUNTIME_FILE = "/usr/lib/python3.11/pydoc_data/topics.py"
 """A runtime file of ~0.7 MiB that nothing keeps mapped (its pages can be dropped)."""
 
 
-def test_fadvise_dontneed_leaves_the_hosts_page_cache_alone(runner, run_one):
+def test_fadvise_dontneed_leaves_the_hosts_page_cache_alone(tier):
     """posix_fadvise(DONTNEED) over a runtime file the host has cached: it returns 0 and
     the host's pages stay (before: all of them dropped — the flush of flush+reload)."""
     with open(RUNTIME_FILE, "rb") as f:
         f.read()
     before = _cached_pages(RUNTIME_FILE)
-    r = run_one("import os\n"
+    r = tier.one("import os\n"
                 "for p in (%r, '/proc/self/exe'):\n"
                 "    fd = os.open(p, os.O_RDONLY)\n"
                 "    print(os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))\n"
@@ -358,7 +392,7 @@ print(libc.syncfs(fd), libc.sync())
 """
 
 
-def test_sync_from_a_sandbox_writes_back_nothing_of_the_host(runner, run_one, tmp_path):
+def test_sync_from_a_sandbox_writes_back_nothing_of_the_host(tier, tmp_path):
     """A host file with dirty pages (on the host's disk); the sandbox calls sync() and
     syncfs() on a runtime file: both return 0 and the host file is still dirty (before:
     written back — every host filesystem flushed, charged to nobody). Tried up to three
@@ -369,7 +403,7 @@ def test_sync_from_a_sandbox_writes_back_nothing_of_the_host(runner, run_one, tm
             f.write(os.urandom(1 << 20))
         if _dirty_pages(path) == 0:
             continue  # written back before the sandbox ran: try again
-        r = run_one(SYNCER)
+        r = tier.one(SYNCER)
         assert r.status.value == "ok" and r.stdout == b"0 0\n", r.stderr[-2000:]
         if _dirty_pages(path) > 0:
             return
@@ -415,19 +449,19 @@ print(os.readlink('/proc/self/exe'), os.path.realpath(sys.executable))
 """
 
 
-def test_ordinary_programs_still_work(runner, run_one):
+def test_ordinary_programs_still_work(tier):
     """What programs do with their own files: sqlite's locks, flock between two of its
     processes, fsync/sync/fadvise, the interpreter's /proc/self/exe, and gcc."""
-    r = run_one(ORDINARY)
+    r = tier.one(ORDINARY)
     assert r.status.value == "ok", r.stderr[-2000:]
     lines = r.stdout.decode().splitlines()
     assert lines[:3] == ["database is locked", "[1, 2]", "child blocked: True"], lines
     assert lines[3] == "None None None None None xxx", lines
     exe, real = lines[4].split()
     assert exe == real and exe.startswith("/usr/bin/python3"), lines
-    c = run_one('#include <stdio.h>\nint main(void){printf("%d\\n", 6 * 7);}\n', "c")
+    c = tier.one('#include <stdio.h>\nint main(void){printf("%d\\n", 6 * 7);}\n', "c")
     assert (c.status.value, c.stdout) == ("ok", b"42\n"), c.stderr[-2000:]
-    sh = run_one("import subprocess\n"
+    sh = tier.one("import subprocess\n"
                  "print(subprocess.run(['python3', '-c', 'import json; print(json.dumps(1))'],"
                  " capture_output=True, text=True).stdout.strip())\n")
     assert (sh.status.value, sh.stdout) == ("ok", b"1\n"), sh.stderr[-2000:]
@@ -453,7 +487,7 @@ print(json.dumps(out))
 """
 
 
-def test_a_uevent_socket_is_refused_and_netlink_route_works(runner):
+def test_a_uevent_socket_is_refused_and_netlink_route_works(tier):
     """NETLINK_KOBJECT_UEVENT is refused (EPROTONOSUPPORT) while the host makes a device
     event (before: the socket bound, and the host's `change` on /dev/null arrived — the
     cells' network namespaces belong to the host's user namespace, and uevents go to all
@@ -461,7 +495,7 @@ def test_a_uevent_socket_is_refused_and_netlink_route_works(runner):
     async def during():
         with open("/sys/devices/virtual/mem/null/uevent", "w") as f:
             f.write("change")
-    r, _ = runner.run(_while_held(runner, UEVENT, during))
+    r, _ = tier.run(_while_held(tier, UEVENT, during))
     assert r.status.value == "ok", r.stderr[-2000:]
     assert json.loads(r.stdout) == {"refused": "EPROTONOSUPPORT", "route": True,
                                     "ifaddrs": ["lo"]}, r.stdout
@@ -483,17 +517,17 @@ print(json.dumps({'events': n, 'eof': os.read(0, 10) == b''}))
 """
 
 
-def test_a_runs_empty_stdin_is_its_own(runner):
+def test_a_runs_empty_stdin_is_its_own(tier):
     """A run without input: its stdin is a file of its own (before: a dup of the pool's
     one open host /dev/null, so a watch on /proc/self/fd/0 saw the host's writes to
     /dev/null, and flags set on it with F_SETFL showed in every other session's stdin)."""
     async def during():
         with open("/dev/null", "w") as f:
             f.write("x")
-        return await _sibling(runner, "import fcntl, os\n"
+        return await _sibling(tier, "import fcntl, os\n"
                                       "print(bool(fcntl.fcntl(0, fcntl.F_GETFL)"
                                       " & (os.O_NONBLOCK | os.O_APPEND)), os.read(0, 9))\n")
-    r, sibling = runner.run(_while_held(runner, STDIN_WATCHER, during))
+    r, sibling = tier.run(_while_held(tier, STDIN_WATCHER, during))
     assert r.status.value == "ok", r.stderr[-2000:]
     assert json.loads(r.stdout) == {"events": 0, "eof": True}, r.stdout
     assert (sibling.status.value, sibling.stdout) == ("ok", b"False b''\n"), sibling.stderr

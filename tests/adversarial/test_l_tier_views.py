@@ -21,53 +21,18 @@ import json
 import os
 import re
 import socket
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from tests.adversarial.tiers import TIERS, Tier
 from tests.conftest import eventually
 from tests.sandbox.conftest import FAST, describe
-from trialbox.sandbox import CellPool, PoolConfig, run_code
-from trialbox.sandbox.container import ContainerProvider
-from trialbox.sandbox.gvisor import GVisorProvider
-from trialbox.sandbox.oci import OciConfig
+from trialbox.sandbox import run_code
 from trialbox.types import ExecResult, ExecStatus
 
-T = TypeVar("T")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIERS = ["namespace", "container", "container:crun", "gvisor"]
-
-
-class Tier:
-    """One started provider of a tier and the event loop it lives on."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.loop = asyncio.new_event_loop()
-        if name == "namespace":
-            pool = CellPool(PoolConfig(warm=1))
-            self.provider: Any = self.run(pool.start())
-            self.state = [pool.dir, pool.config.state_dir]
-        else:
-            tier, _, runtime = name.partition(":")
-            p = (GVisorProvider(OciConfig(warm=1)) if tier == "gvisor"
-                 else ContainerProvider(OciConfig(warm=1), runtime=runtime or "runc"))
-            self.provider = self.run(p.start())
-            self.state = [p.dir, p.config.state_dir]
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-    def one(self, code: str, **changes: Any) -> ExecResult:
-        async def body() -> ExecResult:
-            async with await self.provider.open(FAST.with_(**changes)) as sb:
-                return await run_code(sb, code, "python")
-        return self.run(body())
-
-    def close(self) -> None:
-        self.run(self.provider.close())
-        self.loop.close()
 
 
 @pytest.fixture(scope="module", params=TIERS)
@@ -188,7 +153,7 @@ def test_a_sessions_kernel_budgets_are_its_own(tier: Tier) -> None:
     sessions' host uids differ (each is charged to its own uid, not to host root's)."""
     libc = ctypes.CDLL(None, use_errno=True)
 
-    async def body() -> tuple[list[str], int, list[ExecResult]]:
+    async def body() -> tuple[list[str], int, int, list[ExecResult]]:
         sbs = [await tier.provider.open(FAST.with_(wall_s=60, cpu_s=30, open_files=256))
                for _ in range(2)]
         try:

@@ -34,7 +34,7 @@ def engine_for(runtime: str) -> Engine:
         raise UsageError(f"unknown container runtime {runtime!r}; use one of "
                          f"{', '.join(RUNTIMES)}")
     binary = shutil.which(runtime) or RUNTIMES[runtime]
-    return Engine(runtime, binary, userns=True,
+    return Engine(runtime, binary, userns=True, own_views=True,
                   hide_cgroup2=runtime == "crun" and _hybrid_cgroups())
 
 

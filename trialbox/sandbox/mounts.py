@@ -89,6 +89,23 @@ def overlay_ro(lower: str, target: str, empty: str) -> None:
         raise _err(f"mount an overlay of {lower} on {target}")
 
 
+def overlay_view(lower: str, target: str, empty: str,
+                 flags: int = MS_RDONLY | MS_NOSUID | MS_NODEV) -> None:
+    """A read-only overlay of `lower` at `target` (`empty`, an empty directory, its
+    second layer) whose layers are named by /proc/self/fd paths, so a mount table that
+    shows it names no host path. Its inodes are its own (overlay inodes are per mount):
+    inotify watches, flock and OFD locks on them reach neither `lower`'s files nor
+    another overlay's (docs/adversary.md, K; zygote.overlay does the same in a cell)."""
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for p in (lower, empty)]
+    try:
+        data = "lowerdir=/proc/self/fd/%d:/proc/self/fd/%d" % tuple(fds)
+        if _libc.mount(b"overlay", target.encode(), b"overlay", flags, data.encode()) != 0:
+            raise _err(f"mount an overlay of {lower} on {target}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def umount(path: str) -> None:
     if _libc.umount2(path.encode(), MNT_DETACH) != 0:
         e = ctypes.get_errno()

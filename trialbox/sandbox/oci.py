@@ -12,9 +12,10 @@ not a container start (~100-200 ms). Per session, on the host:
     <cgroup>/trialbox-oci/<owner>/<n> the session's cgroup (memory, cpu, pids accounting)
 
 The container sees a read-only root: a skeleton of mount points and a few /etc files,
-the host's /usr (and /etc/alternatives) bound read-only — the same view as the namespace
-tier's cells (pool.py) — and the session's work/, tmp/, shm/ at /workspace, /tmp,
-/dev/shm. No network but loopback unless Limits.network. Runs drop to uid 1000, no
+the host's /usr (and /etc/alternatives) — each through a read-only overlay of the
+container's own, made in the runtime's mount namespace (`private_views`), the same view
+as the namespace tier's cells (pool.py) — and the session's work/, tmp/, shm/ at
+/workspace, /tmp, /dev/shm. No network but loopback unless Limits.network. Runs drop to uid 1000, no
 capabilities, no_new_privs, the namespace tier's seccomp deny-list (seccomp.py), and
 RLIMIT_NPROC=Limits.pids.
 
@@ -109,6 +110,10 @@ class Engine:
     (runc and crun copy a foreground container's stdio through pipes of their own, which
     cannot carry fds); runsc (which has no --preserve-fds here) donates its stdin as it
     is: 0."""
+    own_views: bool = False
+    """Give each container overlays of its own of every read-only tree and of its
+    device nodes (`private_views`): runc and crun, whose containers' files are served by
+    the host's kernel. gVisor's kernel has its own inodes (its gofer's files)."""
     hide_cgroup2: bool = False
     """Run the runtime in a mount namespace without the host's cgroup2 mount (crun
     refuses a hybrid v1 + empty v2 layout)."""
@@ -194,7 +199,7 @@ DEV_TMPFS_BYTES = 64 * 1024
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8),
             "urandom": (1, 9), "tty": (5, 0)}
 """The nodes runc and crun bind into every container (their defaults and DEV_NODES)."""
-CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE, MS_NOEXEC = 0x20000, 0x1000, 0x4000, 1 << 18, 8
+CLONE_NEWNS, MS_REC, MS_PRIVATE, MS_NOEXEC = 0x20000, 0x4000, 1 << 18, 8
 
 
 def make_dev_dir(path: str) -> None:
@@ -209,15 +214,39 @@ def make_dev_dir(path: str) -> None:
         os.chmod(node, 0o666)
 
 
-def private_dev(dev: bytes) -> None:
-    """In the runtime's process before exec: a mount namespace of its own whose /dev is
-    `dev` (make_dev_dir), so the device nodes it binds into the container come from
-    there and the container's mountinfo names no devtmpfs."""
+def private_views(dev: str, trees: Sequence[str], empty: str) -> None:
+    """In the runtime's process before exec: a mount namespace of its own in which each
+    of `trees` (every host tree the container is given read-only: its root skeleton,
+    /.tb, /usr, /etc/alternatives, an image's tops) is covered by a read-only overlay
+    of itself, and /dev by one of `dev` (make_dev_dir). The runtime builds the container
+    from these, so what the container sees are this container's own inodes, not the
+    host's nor another session's: an inotify watch on its /usr/bin/true or /dev/null
+    sees no open by the host or a sibling, and a flock on them reaches no one (before:
+    binds of the host's /usr and of the provider's skeleton and nodes, shared by every
+    session).
+    Its device nodes come from `dev`, so its mountinfo names no devtmpfs. The overlays
+    go with the namespace when the container's last process exits."""
     libc = mounts._libc
     if (libc.unshare(CLONE_NEWNS) != 0
-            or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
-            or libc.mount(dev, b"/dev", None, MS_BIND, None) != 0):
-        raise OSError(ctypes.get_errno(), "a private /dev for the container runtime")
+            or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0):
+        raise OSError(ctypes.get_errno(), "a private mount namespace for the container "
+                      "runtime")
+    for tree in trees:
+        mounts.overlay_view(tree, tree, empty)
+    # not nodev: its nodes must open; read-only, as a device node on it can still be
+    # written (the device, not the file)
+    mounts.overlay_view(dev, "/dev", empty, mounts.MS_RDONLY | mounts.MS_NOSUID)
+
+
+def readonly_trees(config: dict[str, Any]) -> list[str]:
+    """The host trees a bundle gives its container read-only: its root and the sources
+    of its read-only directory binds (what `private_views` covers with overlays)."""
+    trees = [str(config["root"]["path"])]
+    for m in config["mounts"]:
+        if (m["type"] == "bind" and "ro" in m.get("options", ())
+                and os.path.isdir(m["source"])):
+            trees.append(str(m["source"]))
+    return trees
 
 
 def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str,
@@ -408,15 +437,15 @@ class Container:
         # run (SCM_RIGHTS: `pass_fds`; gVisor imports them as host fds).
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs_fd, ctl_fd = theirs.fileno(), p.engine.ctl_fd
-        dev = p.dev_dir.encode() if p.engine.userns else b""
+        trees = readonly_trees(config) if p.engine.own_views else []
 
         def enter() -> None:  # in the child, before exec
             for path in join:  # into the session's cgroup
                 with open(path, "w") as fh:
                     fh.write("0")
             os.setsid()
-            if dev:
-                private_dev(dev)
+            if p.engine.own_views:
+                private_views(p.dev_dir, trees, p.empty_dir)
             if userns >= 0:
                 resource.setrlimit(resource.RLIMIT_NOFILE,
                                    (FORKSERVER_NOFILE, FORKSERVER_NOFILE))
@@ -556,8 +585,11 @@ class OciProvider:
         self.rootfs = os.path.join(self.dir, "rootfs")
         self.tb_dir = os.path.join(self.dir, "tb")
         self.dev_dir = os.path.join(self.dir, "dev")
-        """A small tmpfs of device nodes that runc/crun bind into a container's /dev
-        (`private_dev`): the host's devtmpfs, sized to the host's memory, is not named."""
+        """A small tmpfs of device nodes, seen through an overlay of each container's own
+        (`private_views`) from which runc/crun bind them into its /dev: the host's
+        devtmpfs, sized to the host's memory, is not named."""
+        self.empty_dir = os.path.join(self.dir, "empty")
+        """An empty directory: the second layer of the containers' overlays."""
         self.runtime_root = os.path.join(self.dir, "runtime")
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
@@ -663,8 +695,9 @@ class OciProvider:
         # shows "/" as their root, not the host path with this provider's owner id.
         mounts.mount_tmpfs(self.rootfs, 64 << 20, mode=0o755)
         mounts.mount_tmpfs(self.tb_dir, 16 << 20, mode=0o755)
-        if self.engine.userns:
+        if self.engine.own_views:
             make_dev_dir(self.dev_dir)
+            os.makedirs(self.empty_dir, mode=0o755, exist_ok=True)
         with open(os.path.join(self.dir, "engine"), "w") as f:
             f.write(" ".join(self.engine.argv(self.runtime_root)))
         if self.image_guard is not None:
