@@ -47,3 +47,20 @@ def test_help_lists_the_commands():
     for word in (b"exec", b"bench", b"demo"):
         assert word in p.stdout
     assert os.path.basename(TRIALBOX[-1]) == "trialbox.cli"
+
+
+def test_exec_writes_the_audit_log_that_audit_log_query_reads(tmp_path):
+    """Issue 30: the README's `audit-log query` needs a log some command writes."""
+    log = str(tmp_path / "audit.jsonl")
+    p = _run(["exec", "--json", "--audit-log", log, "--timeout", "1", "--",
+              "python3", "-c", "while True: pass"])
+    assert p.returncode == 1 and json.loads(p.stdout)["status"] == "timeout", p.stderr
+    p = _run(["exec", "--json", "--audit-log", log, "--", "/bin/sh", "-c", "exit 3"])
+    assert p.returncode == 1, p.stderr
+    q = _run(["audit-log", "query", "--file", log, "--status", "timeout"])
+    assert q.returncode == 0, q.stderr
+    (record,) = [json.loads(line) for line in q.stdout.splitlines()]
+    assert record["closed"] and record["tier"] == "namespace"
+    assert [c["argv"] for c in record["commands"]] == [["python3", "-c", "while True: pass"]]
+    q = _run(["audit-log", "query", "--file", log, "--count"])
+    assert q.returncode == 0 and q.stdout.strip() == b"2", q.stderr

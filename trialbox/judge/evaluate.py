@@ -161,7 +161,8 @@ def _row(sample: EvalSample, grades: list[Grade],
         repeats=tuple(Repeat(x.outcome, r)
                       for x, r in zip(grades[1:], rewards[1:], strict=True)),
         deterministic=len({(x.outcome, r) for x, r in zip(grades, rewards,
-                                                           strict=True)}) == 1)
+                                                           strict=True)}) == 1,
+        completion=sample.completion)  # what a reviewer reads (trialbox audit, /review)
 
 
 def grade_from_json(d: dict[str, Any]) -> Grade:

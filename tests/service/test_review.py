@@ -1,0 +1,73 @@
+"""The review loop as a user runs it (issue 30): `trialbox eval` rows carry the
+completion, `trialbox audit queue` queues them, `trialbox audit list` prints the queue
+with item ids, and a real `trialbox serve` (TRIALBOX_REVIEW_DB) shows the code of an
+item at /api/review/items/{id} — the code /review asks a person to judge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.service.conftest import Server
+from trialbox.store.tasks import load_humaneval
+
+TRIALBOX = [sys.executable, "-m", "trialbox.cli"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*TRIALBOX, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_graded_run_is_reviewed_with_its_code(tmp_path: Path) -> None:
+    he = {t.task_id: t for t in load_humaneval()}
+    samples = [  # a right answer, a wrong one, one fenced in a chat reply
+        {"task_id": "HumanEval/2", "completion": he["HumanEval/2"].canonical_solution},
+        {"task_id": "HumanEval/4", "completion": "    return 0.0\n"},
+        {"task_id": "HumanEval/2",
+         "completion": "Here:\n```python\ndef truncate_number(number):\n"
+                       "    return number % 1.0\n```\n"},
+    ]
+    s, out, db = tmp_path / "s.jsonl", tmp_path / "graded.jsonl", tmp_path / "review.db"
+    s.write_text("".join(json.dumps(x) + "\n" for x in samples))
+    p = _run("eval", "--tasks", "humaneval", "--samples", str(s), "--out", str(out),
+             "--workers", "1")
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["passed"] for r in rows] == [True, False, True]
+    assert [r["completion"] for r in rows] == [x["completion"] for x in samples]
+
+    p = _run("audit", "queue", "--db", str(db), "--rows", str(out), "--run-id", "r1",
+             "--fraction", "1.0")
+    assert p.returncode == 0 and json.loads(p.stdout)["added"] == 3, p.stderr
+    p = _run("audit", "list", "--db", str(db))
+    assert p.returncode == 0, p.stderr
+    head, *lines = p.stdout.splitlines()
+    assert head.split() == ["id", "run", "row", "task", "outcome", "reward", "reasons",
+                            "verdict"]
+    listed = [line.split() for line in lines]
+    assert [(x[1], x[2], x[3]) for x in listed] == [
+        ("r1", str(i), x["task_id"]) for i, x in enumerate(samples)]
+    ids = [int(x[0]) for x in listed]
+    assert "3 item(s)" in p.stderr and "audit verdict" in p.stderr
+
+    server = Server(env={"TRIALBOX_REVIEW_DB": str(db)})
+    try:
+        with server.client() as c:
+            assert c.get("/review").status_code == 200
+            for item_id, sample in zip(ids, samples, strict=True):
+                item = c.get(f"/api/review/items/{item_id}").json()
+                assert [t["code"] for t in item["turns"]] == [sample["completion"]]
+                assert item["prompt"] == he[sample["task_id"]].prompt
+            r = c.post(f"/api/review/items/{ids[1]}/verdict",
+                       json={"correct": True, "reviewer": "ana"})
+            assert r.status_code == 200, r.text
+    finally:
+        server.stop()
+
+    p = _run("audit", "list", "--db", str(db), "--pending", "--json")
+    assert p.returncode == 0, p.stderr
+    pending = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [x["id"] for x in pending] == [ids[0], ids[2]]
+    assert all(x["verdict"] is None and x["run_id"] == "r1" for x in pending)
