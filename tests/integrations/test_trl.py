@@ -177,15 +177,14 @@ class _Languages:
 def test_the_languages_the_machine_runs_are_looked_up_once(monkeypatch: Any) -> None:
     """Issue 30: `offered()` (a look at every toolchain's files) ran for every completion
     of every call; a reward function looks once, at its first fenced stdio answer."""
-    import trialbox.integrations.trl as trl_module
+    from trialbox.sandbox.languages import offered
     calls: list[int] = []
-    real = trl_module.offered
 
     def counted() -> list[str]:
         calls.append(1)
-        return real()
+        return offered()
 
-    monkeypatch.setattr(trl_module, "offered", counted)
+    monkeypatch.setattr("trialbox.integrations.trl.offered", counted)
     double = {"task_id": "io/double", "kind": "stdio", "prompt": "Print twice the int.",
               "tests": [{"stdin": "2\n", "expected": "4\n"}]}
     cpp, py = "```cpp\nint main(){}\n```", "```python\nprint(1)\n```"
