@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     aq.add_argument("--fraction", type=float, default=0.05,
                     help="share of graded rows sampled at random (default 0.05)")
     aq.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    aq.add_argument("--tasks", default=None,
+                    help="the run's task set (eval --tasks): each queued row keeps its "
+                    "task's prompt, for /review (bundled HumanEval prompts are found "
+                    "without it)")
     av = asub.add_parser("verdict", help="record a reviewer's verdict on a queued item")
     av.add_argument("--db", required=True, help="review queue (SQLite file)")
     av.add_argument("item", type=int, help="item id (from the queue)")
@@ -402,6 +406,12 @@ def _audit(args: argparse.Namespace) -> int:
             except (OSError, ValueError) as e:
                 raise UsageError(f"cannot read --rows {args.rows}: {e}") from e
             picked = select_for_review(rows, fraction=args.fraction, seed=args.seed)
+            if args.tasks:  # the task a reviewer reads beside the code
+                from trialbox.store.tasks import index, load_tasks
+                prompts = {tid: t.prompt for tid, t in index(load_tasks(args.tasks)).items()}
+                rows = [r if not isinstance(r, dict) or "prompt" in r
+                        or r.get("task_id") not in prompts
+                        else {**r, "prompt": prompts[r["task_id"]]} for r in rows]
             print(json.dumps({"selected": len(picked),
                               "added": q.add(args.run_id, rows, picked)}))
         elif args.audit == "verdict":
