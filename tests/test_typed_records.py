@@ -75,6 +75,19 @@ def test_rows_built_now_are_the_rows_written_before() -> None:
     assert not unknown.graded and unknown.outcome is Outcome.ERROR
 
 
+def test_a_row_carries_the_answer_a_reviewer_reads() -> None:
+    """Issue 30: /review shows the code it asks a person to judge — the completion, or a
+    repository answer's files overlay, as the sample gave them."""
+    g = Grade("T/0", Outcome.PASSED, tests=TESTS[:1], wall_ms=1.0)
+    text = _row(EvalSample("T/0", "    return 1\n"), [g])
+    repo = _row(EvalSample("R/0", None, {"p.py": "y = 1\n", "old.py": None}), [g])
+    assert text.to_dict()["completion"] == "    return 1\n" and "files" not in text.to_dict()
+    assert repo.to_dict()["files"] == {"p.py": "y = 1\n", "old.py": None}
+    assert "completion" not in repo.to_dict()
+    for row in (text, repo):
+        assert GradedRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+
+
 def test_samples_and_their_error_variant(tmp_path) -> None:
     f = tmp_path / "s.jsonl"
     f.write_text('{"task_id": "a", "completion": "x"}\nnot json\n[1]\n{"completion": "x"}\n'

@@ -723,7 +723,10 @@ class GradedRow:
     """`Runtime.id` the sample ran in; None when not recorded."""
     completion: str | None = None
     """The sample's completion as given (what `/review` shows a person to judge); None
-    for a repository answer (files) and in rows written before it was carried."""
+    for a repository answer given as files, and in rows written before it was carried."""
+    files: dict[str, str | None] | None = None
+    """A repository answer given as a files overlay ({path: text, or None to delete}),
+    as given; None otherwise."""
 
     @staticmethod
     def error(message: str, task_id: str | None = None) -> GradedRow:
@@ -751,6 +754,8 @@ class GradedRow:
             out["environment"] = self.environment
         if self.completion is not None:
             out["completion"] = self.completion
+        if self.files is not None:
+            out["files"] = dict(self.files)
         return out
 
     @staticmethod
@@ -772,7 +777,7 @@ class GradedRow:
             repeats=tuple(Repeat(Outcome(r["outcome"]), r["reward"])
                           for r in d.get("repeats", ())),
             deterministic=d.get("deterministic", True), environment=d.get("environment"),
-            completion=d.get("completion"))
+            completion=d.get("completion"), files=d.get("files"))
 
 
 # --------------------------------------------------------------------------- training

@@ -156,6 +156,28 @@ def test_reviewer_verdict_is_stored_and_changes_the_error_rate(
     page.close()
 
 
+def test_a_repository_answer_is_reviewed_file_by_file(browser: Browser,
+                                                      tmp_path: Path) -> None:
+    db = tmp_path / "review.db"
+    row = {"task_id": "repo/0", "passed": False, "reward": 0.0, "outcome": "failed",
+           "flags": [], "tests": [], "files": {"src/m.py": "x = 2\n", "old.py": None}}
+    with ReviewQueue(db) as q:
+        q.add("run-r", [row], [(0, ["sample"])])
+        (item,) = q.pending(10)
+    server = Server(env={"TRIALBOX_REVIEW_DB": str(db)})
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.goto(server.url + "/review")
+        page.get_by_test_id(f"item-row-{item.id}").click()
+        page.get_by_test_id("item-task").filter(has_text="repo/0").wait_for()
+        text = page.get_by_test_id("item").inner_text().upper()  # h2 is upper case
+        assert "FILE OLD.PY (DELETED)" in text and "FILE SRC/M.PY" in text, text
+        assert page.get_by_test_id("code-1").inner_text().strip() == "x = 2"
+        page.close()
+    finally:
+        server.stop()
+
+
 def test_run_page_draws_the_reward_curve_and_the_trace_page_its_spans(
         browser: Browser) -> None:
     from tests.telemetry.serving import dashboard_app, serve

@@ -137,6 +137,22 @@ def test_unknown_item_and_missing_queue(client: httpx.Client) -> None:
     assert r.status_code == 409 and "TRIALBOX_REVIEW_DB" in r.json()["detail"]
 
 
+def test_a_repository_answer_is_shown_file_by_file(tmp_path: Path) -> None:
+    """A repository answer given as files (a `trialbox eval` row's `files`): one turn per
+    file, its path named, a deleted file's code null."""
+    from trialbox.judge.audit import ReviewQueue
+    row = {"task_id": "repo/0", "passed": False, "reward": 0.0, "outcome": "failed",
+           "flags": [], "tests": [], "files": {"src/m.py": "x = 2\n", "old.py": None}}
+    with ReviewQueue(tmp_path / "review.db") as q:
+        q.add("run-r", [row], [(0, ["sample"])])
+    app = dashboard_app(DashboardConfig(review_db=str(tmp_path / "review.db")))
+    with serve(app) as url:
+        item = httpx.get(f"{url}/api/review/items").json()["items"][0]["id"]
+        got = httpx.get(f"{url}/api/review/items/{item}").json()
+    assert got["turns"] == [{"path": "old.py", "code": None},
+                            {"path": "src/m.py", "code": "x = 2\n"}]
+
+
 def test_not_a_review_queue_is_a_clear_error(tmp_path: Path) -> None:
     other = tmp_path / "other.db"
     other.write_bytes(b"this is not sqlite" * 100)

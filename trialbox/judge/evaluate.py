@@ -162,7 +162,9 @@ def _row(sample: EvalSample, grades: list[Grade],
                       for x, r in zip(grades[1:], rewards[1:], strict=True)),
         deterministic=len({(x.outcome, r) for x, r in zip(grades, rewards,
                                                            strict=True)}) == 1,
-        completion=sample.completion)  # what a reviewer reads (trialbox audit, /review)
+        # what a reviewer reads (trialbox audit, /review): the answer as given
+        completion=sample.completion,
+        files=dict(sample.files) if sample.completion is None and sample.files else None)
 
 
 def grade_from_json(d: dict[str, Any]) -> Grade:

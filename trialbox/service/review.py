@@ -87,13 +87,18 @@ def _bundled_prompts() -> dict[str, str]:
 
 def _turns(row: dict[str, Any]) -> list[dict[str, Any]]:
     """The code per turn: a rollout row's `turns` ([{code, stdout, stderr, status}]),
-    else one turn from `completion`."""
+    else one turn from `completion`, else one per file of a repository answer's `files`
+    ({code, path}; a deleted file's code is null)."""
     turns = row.get("turns")
     if isinstance(turns, list):
         return [t if isinstance(t, dict) else {"code": str(t)} for t in turns]
     if isinstance(row.get("completion"), str):
         return [{"code": row["completion"], "stdout": row.get("stdout"),
                  "stderr": row.get("stderr"), "status": row.get("status")}]
+    files = row.get("files")
+    if isinstance(files, dict):
+        return [{"path": str(path), "code": text if isinstance(text, str) else None}
+                for path, text in sorted(files.items())]
     return []
 
 

@@ -19,7 +19,8 @@ function Stats({ s }) {
 }
 
 function Turn({ t, i }) {
-  return html`<div><h2>Turn ${i + 1}${t.status ? html` · <span class="tag">${t.status}</span>` : ""}</h2>
+  const title = t.path ? html`File <code>${t.path}</code>${t.code === null ? " (deleted)" : ""}` : html`Turn ${i + 1}`;
+  return html`<div><h2>${title}${t.status ? html` · <span class="tag">${t.status}</span>` : ""}</h2>
     <pre data-testid=${"code-" + i}>${t.code ?? ""}</pre>
     ${t.stdout ? html`<div class="muted">stdout</div><pre>${t.stdout}</pre>` : ""}
     ${t.stderr ? html`<div class="muted">stderr</div><pre>${t.stderr}</pre>` : ""}</div>`;
