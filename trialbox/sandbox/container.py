@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 
 from trialbox.errors import UsageError
+from trialbox.sandbox import procview
 from trialbox.sandbox.oci import Engine, OciConfig, OciProvider
 
 RUNTIMES = {"runc": "/usr/sbin/runc", "crun": "/usr/bin/crun"}
@@ -34,7 +35,7 @@ def engine_for(runtime: str) -> Engine:
         raise UsageError(f"unknown container runtime {runtime!r}; use one of "
                          f"{', '.join(RUNTIMES)}")
     binary = shutil.which(runtime) or RUNTIMES[runtime]
-    return Engine(runtime, binary, userns=True, own_views=True,
+    return Engine(runtime, binary, userns=True, own_views=True, proc_views=procview.NAMES,
                   hide_cgroup2=runtime == "crun" and _hybrid_cgroups())
 
 

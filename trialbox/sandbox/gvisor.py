@@ -94,6 +94,7 @@ class GVisorProvider(OciProvider):
                                 (f"--platform={platform}", "--network=none",
                                  "--ignore-cgroups"),
                                 userns=False, join_cgroup=True, ctl_fd=0,
+                                proc_views=("meminfo",),
                                 recycle=config.recycle),
                          config)
 

@@ -114,6 +114,11 @@ class Engine:
     """Give each container overlays of its own of every read-only tree and of its
     device nodes (`private_views`): runc and crun, whose containers' files are served by
     the host's kernel. gVisor's kernel has its own inodes (its gofer's files)."""
+    proc_views: tuple[str, ...] = ()
+    """The /proc entries a session sees files of its own for, bound over the kernel's
+    (procview.py): runc and crun, whose /proc is the host kernel's, all of
+    procview.NAMES; gVisor, whose kernel shows its own, meminfo (its MemTotal is the
+    host's)."""
     hide_cgroup2: bool = False
     """Run the runtime in a mount namespace without the host's cgroup2 mount (crun
     refuses a hybrid v1 + empty v2 layout)."""
@@ -251,13 +256,19 @@ def readonly_trees(config: dict[str, Any]) -> list[str]:
 
 def bundle_config(engine: Engine, rootfs: str, tb_dir: str, fs: str, python: str,
                   limits: Limits, cgroup: str | None, uid_base: int,
-                  src: str = "/", userns: str = "") -> dict[str, Any]:
+                  src: str = "/", userns: str = "", views: str = "") -> dict[str, Any]:
     """The OCI runtime spec of one session's container; `src`: where /usr (and
     /etc/alternatives) come from — an image's rootfs, or the host's; `userns`: the path
-    of a user namespace (mapping uid_base...) for the container to join (userns.py)."""
+    of a user namespace (mapping uid_base...) for the container to join (userns.py);
+    `views`: the session's /proc view files (procview.py), bound over the /proc entries
+    `engine.proc_views` names."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
     mnts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
+        *({"destination": f"/proc/{name}", "type": "bind",
+           "source": os.path.join(views, name),
+           "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}
+          for name in (engine.proc_views if views else ())),
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
          "options": ["nosuid", "noexec", "mode=755", "size=64k"]},
         {"destination": "/usr", "type": "bind", "source": os.path.join(src, "usr"),
@@ -376,8 +387,11 @@ class Container:
     """One running container whose init is the fork server."""
 
     def __init__(self, provider: OciProvider, sid: str, sdir: str, limits: Limits,
-                 uid_base: int = 0):
+                 uid_base: int = 0, views: str = ""):
         self.provider, self.sid, self.sdir, self.limits = provider, sid, sdir, limits
+        self.views = views
+        """The session's /proc view files (procview.py), bound over /proc/meminfo and
+        the rest; empty: the kernel's own (gVisor's)."""
         self.uid_base = uid_base
         """Host uid of the container's uid 0 (its session's block: uids.py)."""
         self.cid = f"{provider.id}-{sid}"
@@ -422,7 +436,8 @@ class Container:
         config = bundle_config(p.engine, p.rootfs, p.tb_dir, fs, p.config.python,
                                self.limits, None if p.engine.join_cgroup else self.cgroup,
                                self.uid_base, p.image_src,
-                               f"/proc/{os.getpid()}/fd/{userns}" if userns >= 0 else "")
+                               f"/proc/{os.getpid()}/fd/{userns}" if userns >= 0 else "",
+                               self.views)
         with open(os.path.join(self.sdir, "config.json"), "w") as f:
             json.dump(config, f)
         if self.limits.net_allow:
@@ -590,6 +605,8 @@ class OciProvider:
         devtmpfs, sized to the host's memory, is not named."""
         self.empty_dir = os.path.join(self.dir, "empty")
         """An empty directory: the second layer of the containers' overlays."""
+        self.views_dir = os.path.join(self.dir, "proc")
+        """A tmpfs of the sessions' /proc view files (procview.py), a directory each."""
         self.runtime_root = os.path.join(self.dir, "runtime")
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
@@ -698,6 +715,10 @@ class OciProvider:
         if self.engine.own_views:
             make_dev_dir(self.dev_dir)
             os.makedirs(self.empty_dir, mode=0o755, exist_ok=True)
+        if self.engine.proc_views:
+            # its own filesystem: a container's mountinfo shows /<session's dir>/meminfo
+            os.makedirs(self.views_dir, exist_ok=True)
+            mounts.mount_tmpfs(self.views_dir, 64 << 20, mode=0o755)
         with open(os.path.join(self.dir, "engine"), "w") as f:
             f.write(" ".join(self.engine.argv(self.runtime_root)))
         if self.image_guard is not None:

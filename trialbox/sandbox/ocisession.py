@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import stat
 import subprocess
@@ -27,6 +28,7 @@ from trialbox.sandbox import mounts
 from trialbox.sandbox.namespace import _check_pass_fds, run_environment
 from trialbox.sandbox.oci import (DISK_SLACK, POLL_S, SANDBOX_UID, STOP_GRACE_S, Container,
                                   MiB, OciProvider)
+from trialbox.sandbox.procview import ProcView
 from trialbox.sandbox.supervisor import close_quietly
 from trialbox.sandbox.uids import UidLease
 from trialbox.types import ExecResult, ExecStatus, Limits
@@ -55,6 +57,8 @@ class OciSession:
         self.uid = SANDBOX_UID
         """Host uid of the workspace's files (the sandbox's uid 1000, as the host sees it:
         under gVisor 1000 itself, whose gofer writes them; in a container its slot's)."""
+        self.view: ProcView | None = None
+        """What the session reads in /proc/meminfo, /proc/stat, ... (procview.py)."""
 
     @property
     def workspace(self) -> str:
@@ -64,6 +68,10 @@ class OciSession:
         if self.provider.engine.userns:
             self.lease = self.provider.lease_uids()
             self.uid = self.lease.first + SANDBOX_UID
+        if self.provider.engine.proc_views:  # a random name: it shows in mountinfo
+            self.view = ProcView(os.path.join(self.provider.views_dir,
+                                              secrets.token_hex(8)), self.limits,
+                                 self.provider.engine.proc_views)
         os.makedirs(self.fs)
         os.chmod(self.dir, 0o711)
         mounts.mount_tmpfs(self.fs, self.limits.disk_bytes, uid=0, mode=0o755)
@@ -84,7 +92,8 @@ class OciSession:
 
     async def start_container(self) -> None:
         c = Container(self.provider, self.sid, self.dir, self.limits,
-                      self.lease.first if self.lease is not None else 0)
+                      self.lease.first if self.lease is not None else 0,
+                      self.view.dir if self.view is not None else "")
         self.container = c
         try:
             await c.start()
@@ -199,6 +208,9 @@ class OciSession:
             for mp in mounts.mounts_under(self.fs):
                 mounts.umount(mp)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self.view is not None:
+            shutil.rmtree(self.view.dir, ignore_errors=True)
+            self.view = None
         if self.lease is not None:  # no process of the session is left to hold its uids
             self.lease.close()
             self.lease = None
@@ -389,6 +401,8 @@ class _Run:
             # to the run): the fork server, gVisor's Sentry, the workspace's pages. Its
             # processes are all killed between runs, so what it carries is bounded.
             files.begin_run(self.sb.provider.host_limits(limits), carry=CARRY_ALL)
+            if self.sb.view is not None:  # what /proc/meminfo, ... say: this run's limits
+                self.sb.view.show(limits)
             self.base_usage = files.base.usage_bytes
             self.oom_base = files.base.oom_kills
             self.disk_used0 = self._disk_used()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -37,6 +38,7 @@ from trialbox.sandbox import mounts, uids
 from trialbox.sandbox.capacity import (MEMORY_CHECK_AFTER, Admission, derive_capacity,
                                        raise_fd_limit)
 from trialbox.sandbox.cgroups import CellFiles, CgroupDriver
+from trialbox.sandbox.procview import ProcView
 from trialbox.sandbox.reaper import owner_id, reap_orphans
 from trialbox.sandbox.zygote_client import (BASE_ENV, Cell, FdReader, SocketReader, Zygote,
                                             build_dev_dir, build_root_template,
@@ -160,6 +162,8 @@ class CellPool:
         self.sessions_dir = os.path.join(self.dir, "s")
         self.dev = os.path.join(self.dir, "dev")
         self.empty = os.path.join(self.dir, "empty")
+        self.views = os.path.join(self.dir, "proc")
+        """A tmpfs of the cells' /proc view files (procview.py), a directory each."""
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.cgroups: CgroupDriver = None  # type: ignore[assignment]
         self.runtime: Runtime = None  # type: ignore[assignment]
@@ -260,6 +264,11 @@ class CellPool:
         # What each cell's overlays stand on (zygote.overlay): its /dev's nodes, and the
         # empty second layer overlayfs wants.
         os.makedirs(self.empty, mode=0o755, exist_ok=True)
+        # Each cell's /proc/meminfo, ... (procview.py), on a filesystem of its own (a
+        # cell's mountinfo shows /<its dir>/meminfo), mounted before the zygote starts
+        # so that its cells see it.
+        os.makedirs(self.views, exist_ok=True)
+        mounts.mount_tmpfs(self.views, 256 << 20, uid=0, mode=0o755)
         build_dev_dir(self.dev)
         self.native_path = self._build_native()
         self._spawn_zygote()
@@ -494,7 +503,7 @@ class CellPool:
         cell = Cell(self, f"c{self._seq}", net, self.config.default_limits)
         self._live[cell.id] = cell  # live before its cgroup exists: never looks stray
         try:
-            procs, cell.files = await self.loop.run_in_executor(
+            procs, cell.files, cell.view = await self.loop.run_in_executor(
                 self._janitor, self._create_cgroup, cell.rel, cell.limits)
             cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in procs]
         except BaseException:
@@ -508,7 +517,8 @@ class CellPool:
         try:
             cell.status = SocketReader(self.loop, go_parent, 4096, cell._status_data)
             cell.status.done.add_done_callback(cell._status_eof)
-            self.send_zygote({"op": "warm", "cell": cell.id, "net": net},
+            self.send_zygote({"op": "warm", "cell": cell.id, "net": net,
+                              "proc": cell.view.dir if cell.view is not None else ""},
                              [go_child.fileno(), go_child.fileno(), *cg_fds])
         except BaseException:
             self.release(cell)
@@ -524,9 +534,18 @@ class CellPool:
             raise
         return cell
 
-    def _create_cgroup(self, rel: str, limits: Limits) -> tuple[list[str], CellFiles]:
+    def _create_cgroup(self, rel: str,
+                       limits: Limits) -> tuple[list[str], CellFiles, ProcView | None]:
+        """A cell's cgroup, its files, and its /proc view files (a random name: it shows
+        in the cell's mountinfo, and a sequence would count the pool's cells)."""
         procs = self.cgroups.create(rel, limits)
-        return procs, self.cgroups.open_files(rel)
+        files = self.cgroups.open_files(rel)
+        try:
+            return procs, files, ProcView(os.path.join(self.views, secrets.token_hex(8)),
+                                          limits)
+        except BaseException:
+            files.close()
+            raise
 
     async def acquire(self, net: bool = False, fresh: bool = False) -> Cell:
         """A ready cell (warm if one is waiting, prepared now otherwise). `fresh`: one
@@ -633,6 +652,10 @@ class CellPool:
         if cell.files is not None:
             cell.files.close()
             cell.files = None
+        if cell.view is not None:  # its init's bind keeps the files while it lives
+            view, cell.view = cell.view, None
+            if not self.closed:
+                self._janitor.submit(shutil.rmtree, view.dir, True)
         if cell.id not in self._live:
             return  # released already
         self.forget(cell)

@@ -142,6 +142,8 @@ class Run:
                 files.begin_run(limits, session_carry(self.sb.limits))
             except OverBudget as e:
                 return self._over_budget(e)
+            if cell.view is not None:  # what /proc/meminfo, ... say: this run's limits
+                cell.view.show(limits)
             self.disk_used0 = self._disk_used()
             # stdin is a file of this run's own, empty when there is no input. It was a
             # dup of the pool's one open /dev/null: the host's inode (a watch on

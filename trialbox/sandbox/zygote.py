@@ -390,7 +390,7 @@ def overlay(lower, target, flags):
             os.close(fd)
 
 
-def build_root(net):
+def build_root(net, view=""):
     root = CONFIG["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     # The zygote runs from an overlay of /usr (so that its executable, which every
@@ -409,6 +409,12 @@ def build_root(net):
     # the machine: read as empty (/dev/null bound over them).
     for path in MASKED_PROC:
         mount(root + "/dev/null", root + path, None, MS_BIND)
+    # The machine-wide figures (/proc/meminfo, /proc/stat, /proc/loadavg, /proc/cpuinfo:
+    # the files in `view`) as this cell's limits say them: files of its own that the
+    # pool rewrites when a run's limits change (procview.py). Owned by host root, which
+    # no uid of the cell maps to: nobody in it can write them.
+    for name in sorted(os.listdir(view)) if view else ():
+        mount(view + "/" + name, root + "/proc/" + name, None, MS_BIND)
     host = CONFIG.get("hostname", "sandbox").encode()
     _check(libc.sethostname(host, len(host)), "sethostname")
     if not net:
@@ -558,7 +564,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     net = bool(msg.get("net"))
-    build_root(net)
+    build_root(net, msg.get("proc", ""))
     if not net and NATIVE is None:  # cell.c takes its own
         net_snapshot()
     # Candidates run in this interpreter and can read its memory (its frames, gc):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from trialbox.errors import SandboxStartError, SandboxUnavailable, ZygoteDied
 from trialbox.sandbox.cgroups import CellFiles
+from trialbox.sandbox.procview import ProcView
 from trialbox.sandbox.seccomp import build_filter
 from trialbox.types import Limits, Runtime
 
@@ -327,6 +328,8 @@ class Cell:
         self.pool, self.id, self.net, self.limits = pool, cid, net, limits
         self.rel = f"trialbox/{pool.id}/{cid}"
         self.files: CellFiles | None = None
+        self.view: ProcView | None = None
+        """What the cell's runs read in /proc/meminfo, /proc/stat, ... (procview.py)."""
         self.uses = 0
         self.go: socket.socket | None = None
         self.status: FdReader | None = None
