@@ -33,13 +33,26 @@ demo: system $(STAMP)
 # `make test`: everything but the tests marked bench_only (they run in `make bench`).
 # `make test-fast`: for iteration, also without the slow end-to-end runs (marked slow:
 # the UML guest, the Ray clusters, the trainer's runs).
+# pytest runs on PYTEST_WORKERS pytest-xdist workers (PYTEST_WORKERS=0: one process):
+# most of the suite's time is waiting (sandboxes, Ray, subprocesses), so two workers on
+# two cores take ~21 min where one took ~35 (same load). Each module stays on one worker
+# and tests/cluster is one group (tests/conftest.py). Every worker must collect the same
+# test ids and some ids print sets, so all share one PYTHONHASHSEED: a new one each run,
+# printed first (PYTHONHASHSEED=N make test reproduces a run's ids).
+PYTEST_WORKERS ?= 2
+ifndef PYTHONHASHSEED
+PYTHONHASHSEED := $(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+endif
+PYTEST := PYTHONHASHSEED=$(PYTHONHASHSEED) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: system $(STAMP) $(VERL)
 	$(VENV)/bin/ruff check trialbox tests
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -m "not bench_only" tests
+	@echo "pytest: $(PYTEST_WORKERS) workers, PYTHONHASHSEED=$(PYTHONHASHSEED)"
+	$(PYTEST) -m "not bench_only" tests
 
 test-fast: system $(STAMP) $(VERL)
-	$(PY) -m pytest -q -m "not bench_only and not slow" tests
+	$(PYTEST) -m "not bench_only and not slow" tests
 
 bench: system $(STAMP)
 	mkdir -p .bench

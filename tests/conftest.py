@@ -115,3 +115,16 @@ def runner() -> Iterator[Runner]:
     r = Runner()
     yield r
     r.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`):
+    most of its time is spent waiting (sandboxes starting, Ray, subprocesses), so two
+    workers on two cores roughly halve it. Each module stays whole on one worker, so its
+    module- and session-scoped fixtures are built once; tests/cluster is one group, so its
+    Ray clusters never run two at a time (tests/cluster/conftest.py orders them). Without
+    xdist the mark does nothing."""
+    for item in items:
+        rel = item.path.relative_to(item.config.rootpath)
+        group = "cluster" if rel.parts[:2] == ("tests", "cluster") else str(rel)
+        item.add_marker(pytest.mark.xdist_group(group))
