@@ -43,7 +43,7 @@ PYTEST_WORKERS ?= 2
 ifndef PYTHONHASHSEED
 PYTHONHASHSEED := $(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
 endif
-PYTEST := PYTHONHASHSEED=$(PYTHONHASHSEED) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST := PYTHONHASHSEED=$(PYTHONHASHSEED) $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
 test: system $(STAMP) $(VERL)
 	$(VENV)/bin/ruff check trialbox tests
