@@ -39,6 +39,8 @@ The status pipe (one per cell, read by the supervisor) carries one-byte records:
 `X` + int32 wait status of C (written by B), `E` + text when setting up failed.
 """
 
+from __future__ import annotations  # annotations are never evaluated: no cost at run time
+
 import array
 import atexit
 import builtins
@@ -51,11 +53,49 @@ import os
 import resource
 import select
 import signal
-import _signal
 import socket
 import struct
 import sys
 import types
+
+# typing is not imported at run time (the system python's start-up does not load it, and
+# every module loaded here is in every candidate's interpreter): the names below exist
+# only for the type checker, which treats TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal  # the same functions as _signal, which has no stub
+    from collections.abc import Callable, Iterable, Sequence
+    from typing import Any, Literal, NoReturn, TypedDict
+
+    Message = dict[str, Any]
+    """One JSON message from the supervisor on the control socket (pool.send_zygote),
+    by its `op`: "config" (the first: see Config); "warm" (keys cell, net, proc; fds:
+    the status socket, the session socket, the cell's cgroup files); "netns" (key cell;
+    fd: the socket to answer on); "kill" (key cell)."""
+
+    Child = tuple[int, int, socket.socket]
+    """A candidate forked ahead (spawn_candidate): its pid, its pidfd, and B's end of
+    the socket its `go` comes on."""
+
+    class Config(TypedDict, total=False):
+        """The zygote's `config` message (zygote_client.cell_config), kept as CONFIG.
+        Every key but zygote_usr is always sent; B drops the host paths (root, ro_binds,
+        dev, empty, native) once its root is built (cell_init)."""
+        op: str
+        root: str  # the template directory that becomes each cell's `/`
+        ro_binds: list[list[str]]  # [source, target] of each read-only view of the runtime
+        dev: str  # the lower layer of each cell's /dev
+        empty: str  # an empty directory: the overlays' second layer
+        hostname: str
+        seccomp: str  # the filter program, hex
+        preload: list[str]  # modules imported once (prewarm)
+        preload_sources: list[list[str]]  # [name, source] of helper modules (prewarm)
+        env: dict[str, str]  # the runs' usual environment
+        mounts: list[str]  # where a session's work/, tmp/ and shm/ trees are attached
+        native: str | None  # cell.c's shared object, or None for the Python path
+        zygote_usr: bool  # we run from an overlay of /usr (set_exe)
+else:
+    import _signal
 
 # Private references: the candidate runs in this interpreter and may delete or replace
 # os._exit & co.; sabotaging them must not send a child back into zygote code.
@@ -95,17 +135,20 @@ INNER_UID = 1000
 NEXT_RUN_GRACE_S = 0.01
 MASKED_PROC = ("/proc/cmdline", "/proc/sys/kernel/random/boot_id")
 
-CONFIG: dict = {}
-ENVIRON: dict = {}  # what os.environ holds (set_environ), so a run can tell it needs nothing
+CONFIG: Config = {}
+# what os.environ holds (set_environ), so a run can tell it needs nothing
+ENVIRON: dict[str, str] = {}
 # capset(2) arguments (version 3, this process; no capability at all), made once
 CAPSET_HEADER = ctypes.create_string_buffer(struct.pack("Ii", 0x20080522, 0), 8)
 CAPSET_NONE = ctypes.create_string_buffer(bytes(24), 24)
 ZYGOTE_PID = os.getpid()
 PIDNS_FD = -1  # our own pid namespace, to return to after each cell's fork
-SECCOMP_PROG = None  # (buffer, sock_fprog) kept alive for the process's life
-CELLS: dict = {}  # cell id -> pid of A
-NATIVE = None  # cell.c's hot path (B's loop, C's set-up), when the pool built it
-NATIVE_BUF = None  # its message buffer, as a memoryview
+# (buffer, sock_fprog) kept alive for the process's life
+SECCOMP_PROG: tuple[ctypes.Array[ctypes.c_char], SockFprog] | None = None
+CELLS: dict[str, int] = {}  # cell id -> pid of A
+# cell.c's hot path (B's loop, C's set-up), when the pool built it
+NATIVE: ctypes.CDLL | None = None
+NATIVE_BUF: memoryview | None = None  # its message buffer, as a memoryview
 TB_CHILD, TB_EOF = 1, 3  # tb_cell's returns
 R_STATUS, R_OFF, R_LEN, R_ERRNO, R_STEP = range(5)  # its results
 
@@ -114,24 +157,26 @@ class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def _check(ret, what):
+def _check(ret: int, what: str) -> int:
     if ret < 0:
         e = ctypes.get_errno()
         raise OSError(e, "%s: %s" % (what, os.strerror(e)))
     return ret
 
 
-def mount(src, target, fstype, flags, data=None):
-    enc = (lambda s: s.encode() if isinstance(s, str) else s)
+def mount(src: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
+    enc: Callable[[str | None], bytes | None] = (
+        lambda s: s.encode() if isinstance(s, str) else s)
     _check(libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)),
            "mount %s on %s" % (src, target))
 
 
-def prctl(option, arg2=0):
+def prctl(option: int, arg2: int = 0) -> None:
     _check(libc.prctl(option, arg2, 0, 0, 0), "prctl %d" % option)
 
 
-def recv_raw(sock):
+def recv_raw(sock: socket.socket) -> tuple[bytes, list[int]]:
     """One message's bytes and the fds passed with it; (b"", []) at end of stream."""
     fds = array.array("i")
     data, ancdata, _flags, _addr = sock.recvmsg(
@@ -146,20 +191,21 @@ def recv_raw(sock):
     return data, list(fds)
 
 
-def recv_msg(sock):
-    """One message and the fds passed with it; (None, []) at end of stream."""
+def recv_msg(sock: socket.socket) -> tuple[Any, list[int]]:
+    """One message as JSON decodes it, unchecked (a Message; the first is the Config),
+    and the fds passed with it; (None, []) at end of stream."""
     data, fds = recv_raw(sock)
     return (json.loads(data) if data else None), fds
 
 
-def report(fd, tag, payload=b""):
+def report(fd: int, tag: bytes, payload: bytes = b"") -> None:
     try:
         _write(fd, tag + payload)
     except OSError:
         pass
 
 
-def report_error(fd, text):
+def report_error(fd: int, text: str) -> None:
     """`E` + uint16 length + text: framed, so the records after it can still be read."""
     data = text.encode(errors="replace")[:400]
     report(fd, b"E", struct.pack("<H", len(data)) + data)
@@ -167,7 +213,7 @@ def report_error(fd, text):
 
 # --------------------------------------------------------------------------- zygote
 
-def reap(_signum=None, _frame=None):
+def reap(_signum: int | None = None, _frame: types.FrameType | None = None) -> None:
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
@@ -180,7 +226,7 @@ def reap(_signum=None, _frame=None):
                 del CELLS[cell]
 
 
-def serve(ctl):
+def serve(ctl: socket.socket) -> None:
     global SECCOMP_PROG, PIDNS_FD
     PIDNS_FD = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     msg, fds = recv_msg(ctl)
@@ -246,7 +292,7 @@ def serve(ctl):
             pass
 
 
-def send_netns(pid, fds):
+def send_netns(pid: int | None, fds: list[int]) -> None:
     """Answer on the socket passed (fds[0]): `N` with an fd of B's network namespace
     (the supervisor attaches a network gate to it: sandbox/network.py), or `E`."""
     if not fds:
@@ -288,7 +334,7 @@ print(f"{1:>3} {'s'!r}", end="")
 """
 
 
-def load_native(path):
+def load_native(path: str | None) -> None:
     """Load cell.c's shared object (built by the pool; None: the Python path below)."""
     global NATIVE, NATIVE_BUF
     if not path:
@@ -319,7 +365,7 @@ def load_native(path):
         lib.tb_buffer()))
 
 
-def prewarm(modules, sources=()):
+def prewarm(modules: Iterable[str], sources: Iterable[Sequence[str]] = ()) -> None:
     """Do once, here, what every child would otherwise do cold: the first compile() in
     a process costs ~2 ms (parser tables), the first import of common modules more.
     `sources` are (name, code) of standalone helper modules the pool's user wants
@@ -341,7 +387,7 @@ def prewarm(modules, sources=()):
             del sys.modules[name]
 
 
-def warm(ctl, msg, fds):
+def warm(ctl: socket.socket, msg: Message, fds: list[int]) -> None:
     """Fork B straight into a new pid namespace (so B is its pid 1): unshare(NEWPID)
     only changes the namespace of our *next* child; setns puts us back after the fork.
     One fork per cell instead of a monitor process in between."""
@@ -374,7 +420,7 @@ def warm(ctl, msg, fds):
 
 # --------------------------------------------------- B: pid 1 of the cell's namespace
 
-def overlay(lower, target, flags):
+def overlay(lower: str, target: str, flags: int) -> None:
     """A read-only overlay of `lower` at `target` (an empty directory as its second
     layer: overlayfs wants two without an upper). Its inodes are this cell's own, not
     the host's nor another cell's: inotify, flock and OFD locks on them reach no one
@@ -390,7 +436,7 @@ def overlay(lower, target, flags):
             os.close(fd)
 
 
-def build_root(net, view=""):
+def build_root(net: bool, view: str = "") -> None:
     root = CONFIG["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     # The zygote runs from an overlay of /usr (so that its executable, which every
@@ -429,7 +475,7 @@ def build_root(net, view=""):
         set_exe(exe)
 
 
-def set_exe(path):
+def set_exe(path: str) -> None:
     """Make this cell's copy of the interpreter (`path` in its own /usr overlay) our
     /proc/self/exe, and so every candidate's that runs in this interpreter (they fork
     from us). Else it is the zygote's file, shared by every cell of the pool: a flock
@@ -443,7 +489,8 @@ def set_exe(path):
     try:
         with open("/proc/self/stat", "rb") as f:
             st = f.read().rsplit(b")", 1)[1].split()
-        field = (lambda n: int(st[n - 3]))  # stat(5)'s field n, counted from 1
+        # stat(5)'s field n, counted from 1
+        field: Callable[[int], int] = (lambda n: int(st[n - 3]))
         brk = libc.syscall(12, ctypes.c_ulong(0))  # SYS_brk: the current break
         mm = struct.pack("11QQII", field(26), field(27), field(45), field(46), field(47),
                          brk, field(28), field(48), field(49), field(50), field(51),
@@ -456,7 +503,7 @@ def set_exe(path):
         os.close(fd)
 
 
-def loopback_up():
+def loopback_up() -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         ifr = struct.pack("16sH14x", b"lo", 0)
@@ -467,21 +514,22 @@ def loopback_up():
 
 
 COUNTER_FILES = ("/proc/self/net/snmp", "/proc/self/net/snmp6")
-PRISTINE = []  # this network namespace's counters when it was made (net_snapshot)
+# this network namespace's counters when it was made (net_snapshot)
+PRISTINE: list[bytes | None] = []
 
 
-def net_snapshot():
+def net_snapshot() -> None:
     PRISTINE[:] = [_read_or_none(path) for path in COUNTER_FILES]
 
 
-def _read_or_none(path):
+def _read_or_none(path: str) -> bytes | None:
     try:
         return read_proc(path)
     except FileNotFoundError:  # no IPv6 in this kernel
         return None
 
 
-def net_is_clean():
+def net_is_clean() -> bool:
     """True when every counter of this network namespace is as it was when it was made
     (no packet sent or received, no route refused: /proc/self/net/snmp and snmp6 read
     the same) and it holds no socket (TIME_WAIT included; a Unix socket kept alive by
@@ -512,13 +560,13 @@ def net_is_clean():
             and dict(zip(tcp[::2], tcp[1::2], strict=False)).get(b"tw") == b"0")
 
 
-def read_proc(path):
+def read_proc(path: str) -> bytes:
     """A /proc file's bytes, with plain syscalls: the candidate side of a fork pays a
     copy-on-write fault for every page of the heap it touches, and Python's buffered
     file objects touch many."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             b = os.read(fd, 65536)
             if not b:
@@ -528,7 +576,7 @@ def read_proc(path):
         os.close(fd)
 
 
-def write_proc(path, data):
+def write_proc(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, data)
@@ -536,7 +584,7 @@ def write_proc(path, data):
         os.close(fd)
 
 
-def cell_init(msg, status_w, go_fd, cg_fds):
+def cell_init(msg: Message, status_w: int, go_fd: int, cg_fds: list[int]) -> NoReturn:
     """B: pid 1 of one session's namespaces, alive as long as the session.
 
     B keeps the next candidate C forked and waiting on a private socket. Messages on the
@@ -569,13 +617,14 @@ def cell_init(msg, status_w, go_fd, cg_fds):
         net_snapshot()
     # Candidates run in this interpreter and can read its memory (its frames, gc):
     # nothing that names the host's paths, the pool or its other cells stays in it.
+    key: Literal["root", "ro_binds", "dev", "empty", "native"]
     for key in ("root", "ro_binds", "dev", "empty", "native"):
         CONFIG.pop(key, None)
     msg.clear()
     if NATIVE is not None:
         cell_loop_native(status_w, go_fd, cg_fds, net)
     session = socket.socket(fileno=go_fd)
-    child = spawn_candidate(status_w, cg_fds, first=True)
+    child: Child | None = spawn_candidate(status_w, cg_fds, first=True)
     while True:
         raw, fds = recv_raw(session)
         if not raw:
@@ -626,7 +675,7 @@ def cell_init(msg, status_w, go_fd, cg_fds):
     _exit(0)
 
 
-def reset_cell(net):
+def reset_cell(net: bool) -> None:
     """After a session: no process, no workspace, a fresh IPC namespace (SysV objects
     and POSIX message queues outlive their processes: they stay behind with the old
     one), a fresh network namespace if the last one kept any state or counted anything
@@ -647,11 +696,12 @@ def reset_cell(net):
         pass
 
 
-def cell_loop_native(status_w, go_fd, cg_fds, net):
+def cell_loop_native(status_w: int, go_fd: int, cg_fds: list[int], net: bool) -> NoReturn:
     """B's loop in C (cell.c `tb_cell`): it forwards each go, supervises the run,
     reports its status, forks the next C and resets the cell between sessions — the
     same steps as `cell_init`'s loop and `reset_cell` — and returns only at the end.
     A C it forks returns here too, set up and isolated, and runs its program."""
+    assert NATIVE is not None and NATIVE_BUF is not None and SECCOMP_PROG is not None
     names = ctypes.create_string_buffer(
         b"".join(t.encode() + b"\0" for t in CONFIG["mounts"]))
     cfg = (ctypes.c_long * (7 + len(cg_fds)))(
@@ -678,14 +728,14 @@ def cell_loop_native(status_w, go_fd, cg_fds, net):
         if r == TB_EOF:
             break
         else:
-            e = res[R_ERRNO]
-            raise OSError(e, "%s: %s" % (NATIVE.tb_step(res[R_STEP]).decode(),
-                                         os.strerror(e)))
+            err = res[R_ERRNO]
+            raise OSError(err, "%s: %s" % (NATIVE.tb_step(res[R_STEP]).decode(),
+                                           os.strerror(err)))
     kill_everyone()
     _exit(0)
 
 
-def spawn_candidate(status_w, cg_fds, first):
+def spawn_candidate(status_w: int, cg_fds: list[int], first: bool) -> Child:
     """Fork the next C; it joins the cell's cgroup and waits for its `go`."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
@@ -702,12 +752,13 @@ def spawn_candidate(status_w, cg_fds, first):
     return pid, os.pidfd_open(pid), parent
 
 
-def supervise(session, pid, pidfd):
+def supervise(session: socket.socket, pid: int, pidfd: int) -> int:
     """Wait for C; meanwhile reap orphans (they count against pids.max) and obey `stop`."""
-    status = None
+    status: int | None = None
     stopped = False
+    waiting: list[socket.socket | int] = [session, pidfd]
     while status is None:
-        ready, _, _ = select.select([session, pidfd], [], [], 0.1)
+        ready, _, _ = select.select(waiting, [], [], 0.1)
         if session in ready and not stopped:
             raw, fds = recv_raw(session)
             for fd in fds:
@@ -734,7 +785,7 @@ def supervise(session, pid, pidfd):
     return status
 
 
-def kill_everyone():
+def kill_everyone() -> None:
     """From pid 1, kill(-1) reaches every other process of the namespace; reap them."""
     try:
         os.kill(-1, signal.SIGKILL)
@@ -749,7 +800,8 @@ def kill_everyone():
 
 # ------------------------------------------------------------- C: the candidate
 
-def candidate(status_w, chan, cg_fds, first):
+def candidate(status_w: int, chan: socket.socket, cg_fds: list[int],
+              first: bool) -> NoReturn:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     for fd in cg_fds:
         os.write(fd, b"0")  # "0" moves the writer into the cgroup
@@ -779,12 +831,13 @@ def candidate(status_w, chan, cg_fds, first):
         cwd_errno = 0
     except OSError as e:
         cwd_errno = e.errno or errno.EACCES
+    assert SECCOMP_PROG is not None  # set by serve before any cell was warmed
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
                       ctypes.addressof(SECCOMP_PROG[1]), 0, 0), "seccomp")
     start_program(status_w, *decode_program(rest), cwd_errno)
 
 
-def decode_spec(raw):
+def decode_spec(raw: bytes) -> tuple[int, list[tuple[int, int, int]], list[int], str, bytes]:
     """A go's spec (zygote_client.encode_spec), after B's tag byte: the isolation part (uid,
     rlimits, fd targets, cwd) and the program part's bytes (decode_program)."""
     uid, n = struct.unpack_from("<IB", raw, 1)
@@ -806,7 +859,7 @@ def decode_spec(raw):
     return uid, rlimits, targets, cwd, raw[at + 2 + k:]
 
 
-def decode_program(raw):
+def decode_program(raw: bytes) -> tuple[str, str, list[str], dict[str, str] | None]:
     """The program part of a spec: mode, path, argc, argv..., then `=` for the pool's
     own environment or its KEY=VALUE items, NUL-separated (zygote_client.encode_spec). One
     decode and no comprehension (each makes a function object): in a freshly forked
@@ -822,7 +875,8 @@ def decode_program(raw):
     return text[0], text[1], text[3:3 + argc], env
 
 
-def start_program(status_w, mode, path, argv, env, cwd_errno=0):
+def start_program(status_w: int, mode: str, path: str, argv: list[str],
+                  env: dict[str, str] | None, cwd_errno: int = 0) -> NoReturn:
     """C, isolated: put the interpreter as a fresh one has it, say `S`, run. With
     `cwd_errno` the working directory could not be entered: the program fails as a
     shell would (126), on the candidate's side of `S`."""
@@ -852,7 +906,7 @@ def start_program(status_w, mode, path, argv, env, cwd_errno=0):
         _exit(127 if e.errno == errno.ENOENT else 126)
 
 
-def place_fds(fds, targets, status_w):
+def place_fds(fds: list[int], targets: list[int], status_w: int) -> int:
     """Put the run's fds where the program expects them: stdin/stdout/stderr on 0-2,
     each passed fd on its target number (3..63); close every other fd but the status
     pipe, which moves above 63 so no target can clobber it. Returns its new number."""
@@ -867,7 +921,7 @@ def place_fds(fds, targets, status_w):
     return status_w
 
 
-def drop_privileges(uid):
+def drop_privileges(uid: int) -> None:
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # leaving root clears every capability
@@ -881,7 +935,7 @@ def drop_privileges(uid):
     _check(libc.syscall(SYS_CAPSET, CAPSET_HEADER, CAPSET_NONE), "capset")
 
 
-def set_environ(env):
+def set_environ(env: dict[str, str]) -> None:
     """Make `env` the process's environment (os.environ and the C library's)."""
     global ENVIRON
     os.environ.clear()
@@ -889,8 +943,9 @@ def set_environ(env):
     ENVIRON = dict(env)
 
 
-def run_python(argv):
+def run_python(argv: list[str]) -> NoReturn:
     """Run a script as `python3 SCRIPT ARGS…` (or `-c CODE`) would, in this interpreter."""
+    source: str | bytes
     if argv[1] == "-c":
         source, filename, sys.argv = argv[2], "<string>", ["-c"] + argv[3:]
         path0 = ""
@@ -902,7 +957,7 @@ def run_python(argv):
             with open(filename, "rb") as f:
                 source = f.read()
         except OSError as e:
-            sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n"
+            sys.stderr.write("%s: can't open file %r: [Errno %s] %s\n"
                              % (argv[0], filename, e.errno, e.strerror))
             sys.stderr.flush()
             _exit(2)
@@ -929,7 +984,7 @@ def run_python(argv):
     _exit(code)
 
 
-def exit_code_of(e):
+def exit_code_of(e: SystemExit) -> int:
     c = e.code
     if c is None:
         return 0
@@ -942,7 +997,7 @@ def exit_code_of(e):
     return 1
 
 
-def finalize(code):
+def finalize(code: int) -> int:
     """What the interpreter does at exit: join threads, run atexit, flush stdio."""
     try:
         threading = sys.modules.get("threading")
@@ -963,7 +1018,7 @@ def finalize(code):
     return code
 
 
-def main():
+def main() -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:
         sys.exit(1)
